@@ -1,0 +1,42 @@
+# webfarm: `make demo` crawls the bundled demo site on the embedded services;
+# `make test` runs the whole test suite. Both set everything up first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench chromium services-down clean
+
+setup: $(STAMP) chromium
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+# Playwright cannot download its browser here: use the system Chromium.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { echo "installing Chromium (apt-get)"; \
+	    if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }
+
+demo: setup
+	$(PY) -m tests.demo
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+bench: setup
+	$(PY) bench/run_all.py
+
+services-down: $(STAMP)
+	$(VENV)/bin/scrapy services down
+
+clean: services-down
+	rm -rf .webfarm build dist *.egg-info

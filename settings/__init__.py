@@ -1,0 +1,3 @@
+"""Project settings: everything lives in :mod:`settings.base`."""
+
+from settings.base import *  # noqa: F403

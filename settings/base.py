@@ -1,0 +1,81 @@
+"""The one settings module of webfarm.
+
+Every deployment value comes from an environment variable, so scrapyd jobs and
+containers need no file edits; ``-s NAME=value`` (or scrapyd's ``-d setting=``)
+still overrides any of them. Each setting is listed in the README's table.
+An empty ``REDIS_URL`` / ``MONGO_URI`` / ``BLOB_STORE_URI`` means "use the
+embedded local service under ``WEBFARM_DATA_DIR``".
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _env(name: str, default: str = "") -> str:
+    return os.environ.get(name, default).strip()
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = _env(name)
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r} is not a number; unset it or give a number") from None
+
+
+BOT_NAME = "webfarm"
+SPIDER_MODULES = ["spiders"]
+NEWSPIDER_MODULE = "spiders"
+COMMANDS_MODULE = "webfarm.commands"
+
+# --- where things live -----------------------------------------------------
+REDIS_URL = _env("REDIS_URL")
+MONGO_URI = _env("MONGO_URI")
+MONGO_DATABASE = _env("MONGO_DATABASE", "webfarm")
+BLOB_STORE_URI = _env("BLOB_STORE_URI")
+AWS_ENDPOINT_URL = _env("AWS_ENDPOINT_URL")
+WEBFARM_DATA_DIR = _env("WEBFARM_DATA_DIR")
+
+# --- identity and politeness -------------------------------------------------
+WEBFARM_USER_AGENT_PLACEHOLDER = "webfarm/0.1 (+https://example.invalid/set-WEBFARM_USER_AGENT)"
+USER_AGENT = _env("WEBFARM_USER_AGENT", WEBFARM_USER_AGENT_PLACEHOLDER)
+ROBOTSTXT_OBEY = True
+DOWNLOAD_DELAY = _env_float("WEBFARM_DOWNLOAD_DELAY", 0.0)
+CONCURRENT_REQUESTS = int(_env_float("WEBFARM_CONCURRENT_REQUESTS", 16))
+CONCURRENT_REQUESTS_PER_DOMAIN = 8
+DOWNLOAD_TIMEOUT = 30
+DOWNLOAD_MAXSIZE = 32 * 1024 * 1024
+DOWNLOAD_WARNSIZE = 8 * 1024 * 1024
+COOKIES_ENABLED = False
+TELNETCONSOLE_ENABLED = False
+REQUEST_FINGERPRINTER_CLASS = "webfarm.urls.RequestFingerprinter"
+# Query parameters dropped before fingerprinting (empty: webfarm.urls.DEFAULT_TRACKING_PARAMS).
+WEBFARM_STRIP_PARAMS: list[str] = []
+
+# --- the frontier (Redis) ----------------------------------------------------
+SCHEDULER = "webfarm.scheduler.Scheduler"
+SCHEDULER_PERSIST = True  # closing a worker never deletes shared state
+SCHEDULER_QUEUE_CLASS = "scrapy_redis.queue.PriorityQueue"
+SCHEDULER_QUEUE_KEY = "webfarm:{%(spider)s}:requests"
+SCHEDULER_DUPEFILTER_KEY = "webfarm:{%(spider)s}:seen"
+DUPEFILTER_CLASS = "webfarm.dupefilter.RedisDupeFilter"
+SCHEDULER_SERIALIZER = "webfarm.serialize"
+# A worker stops after the frontier was empty this long (0 = run forever, for fleets).
+WEBFARM_IDLE_TIMEOUT = _env_float("WEBFARM_IDLE_TIMEOUT", 10.0)
+
+# --- storage ----------------------------------------------------------------
+ITEM_PIPELINES = {
+    "pipelines.content.ContentHashPipeline": 100,
+    "pipelines.blobs.BlobStorePipeline": 300,
+    "pipelines.index.IndexPipeline": 500,
+}
+# Threads that run blocking storage calls (boto3, pymongo) off the reactor.
+WEBFARM_STORAGE_THREADS = 8
+# First refetch interval of a new page, in seconds (the refetch policy moves it later).
+WEBFARM_REFETCH_INTERVAL = _env_float("WEBFARM_REFETCH_INTERVAL", 86400.0)
+
+# --- runtime -----------------------------------------------------------------
+TWISTED_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
+LOG_LEVEL = _env("WEBFARM_LOG_LEVEL", "INFO")
+FEED_EXPORT_ENCODING = "utf-8"
