@@ -1,0 +1,306 @@
+"""Same content: which page variants hash alike, which do not, and near-duplicates."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from webfarm.content import (
+    DEFAULT_VOLATILE_PATTERNS,
+    content_hash,
+    hamming,
+    is_html,
+    normalise_html,
+    simhash,
+)
+
+PAGE = """<!DOCTYPE html>
+<html>
+<head>
+  <meta charset="utf-8">
+  <meta name="csrf-token" content="{csrf}">
+  <title>Blue kettle - Shop</title>
+  <style>{style}</style>
+  <script nonce="{nonce}">{script}</script>
+</head>
+<body>
+  <!-- rendered by web-3 at {stamp} -->
+  <nav><a href="/">Home</a> <a href="/cart;jsessionid={session}">Cart</a></nav>
+  <h1>Blue kettle</h1>
+  <p class="price">Price: <b>{price}</b> EUR</p>
+  <p>Last updated {stamp}.</p>
+  <form action="/buy" method="post">
+    <input type="hidden" name="csrfmiddlewaretoken" value="{csrf}">
+    <button>Buy</button>
+  </form>
+  {extra}
+  <a href="{next}">Next product</a>
+</body>
+</html>
+"""
+
+BASE = {
+    "csrf": "c5rfT0kenAAA111",
+    "nonce": "n0nce1",
+    "style": "p { color: red }",
+    "script": "window.t = 1714557603;",
+    "stamp": "2024-05-01 12:00:03",
+    "session": "0A1B2C3D4E5F",
+    "price": "29.90",
+    "extra": "",
+    "next": "/product/2",
+}
+
+
+def page(**changes: str) -> bytes:
+    return PAGE.format(**{**BASE, **changes}).encode("utf-8")
+
+
+def h(body: bytes) -> str:
+    return content_hash(body, "text/html; charset=utf-8")
+
+
+def test_normalised_text_keeps_text_and_links_only() -> None:
+    text = normalise_html(page())
+    assert text == (
+        "Blue kettle - Shop </> Home </cart;jsessionid=~> Cart Blue kettle Price: 29.90 EUR "
+        "Last updated ~. Buy <~/product/2> Next product".replace("<~", "<")
+    )
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        pytest.param(page(csrf="OtherToken999zzz"), id="csrf-in-hidden-input-and-meta"),
+        pytest.param(page(nonce="zz9", script="window.t = 1714557999; track()"), id="script"),
+        pytest.param(page(style="body { margin: 0 } p { color: blue }"), id="style"),
+        pytest.param(page(session="FFEE99887766"), id="session-id-in-link"),
+        pytest.param(page(stamp="2024-05-02 08:15:59"), id="timestamp-comment-and-text"),
+        pytest.param(
+            page().replace(b"<!-- rendered by web-3 at 2024-05-01 12:00:03 -->", b"<!-- x -->"),
+            id="comment",
+        ),
+        pytest.param(
+            b"\n".join(line.strip() for line in page().splitlines()).replace(b"\n", b""),
+            id="minified",
+        ),
+        pytest.param(
+            page().replace(b"\n", b"\r\n\t\t   ").replace(b"> <", b">\n\n<"), id="reindented"
+        ),
+    ],
+)
+def test_variants_that_hash_alike(variant: bytes) -> None:
+    assert variant != page()
+    assert h(variant) == h(page())
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        pytest.param(page(price="31.90"), id="price"),
+        pytest.param(page(next="/product/3"), id="link-target"),
+        pytest.param(page(extra="<p>Out of stock.</p>"), id="extra-paragraph"),
+        pytest.param(page().replace(b"Blue kettle</h1>", b"Red kettle</h1>"), id="heading"),
+    ],
+)
+def test_variants_that_do_not_hash_alike(variant: bytes) -> None:
+    assert h(variant) != h(page())
+
+
+def test_volatile_patterns() -> None:
+    cases = {
+        "Updated 2024-05-01T12:00:03.120+02:00 ok": "Updated ~ ok",
+        "Date: Wed, 01 May 2024 12:00:03 GMT.": "Date: ~.",
+        "at 05/01/2024 3:04 pm today": "at ~ today",
+        "now 23:59:59 here": "now ~ here",
+        "posted 3 minutes ago": "posted ~",
+        "Page generated in 0.123 seconds": "Page ~",
+        "Ray ID: 8a1b2c3d4e5f6a7b": "Ray ID: ~",
+    }
+    for raw, expected in cases.items():
+        assert normalise_html(f"<p>{raw}</p>".encode()) == expected, raw
+    links = {
+        "https://e.com/x?PHPSESSID=abc123&y=1": "https://e.com/x?PHPSESSID=~&y=1",
+        "/shop;jsessionid=A1B2C3?page=2": "/shop;jsessionid=~?page=2",
+        "/logout?_wpnonce=9f8e7d6c": "/logout?_wpnonce=~",
+        "/feed?csrf_token=abc%2Fdef&x=1": "/feed?csrf_token=~&x=1",
+        "/list?page=2&_=1714557603": "/list?page=2&_=~",
+        "/cdn-cgi/l/email-protection#7a1b0e": "/cdn-cgi/l/email-protection#~",
+    }
+    for href, expected in links.items():
+        assert normalise_html(f'<a href="{href}">x</a>'.encode()) == f"<{expected}> x", href
+    # bare dates, prices, versions and plain numbers are content
+    kept = "Published 2024-05-01, price 1,299.00, v2.3.4, order 1714557603, 9:30 to 17:00"
+    assert normalise_html(f"<p>{kept}</p>".encode()) == kept
+
+
+def test_custom_volatile_patterns_replace_the_defaults() -> None:
+    a = b"<p>Visitors online: 17. Updated 12:00:01</p>"
+    b = b"<p>Visitors online: 42. Updated 12:00:01</p>"
+    assert content_hash(a, "text/html") != content_hash(b, "text/html")
+    mine = (*DEFAULT_VOLATILE_PATTERNS, r"visitors online: \d+")
+    assert content_hash(a, "text/html", volatile=mine) == (
+        content_hash(b, "text/html", volatile=mine)
+    )
+    assert "12:00:01" in normalise_html(a, volatile=())
+
+
+def test_non_html_is_hashed_as_bytes() -> None:
+    pdf = b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n1 0 obj <<>> endobj\n"
+    assert content_hash(pdf, "application/pdf") == hashlib.sha256(pdf).hexdigest()
+    as_json = b'{"a": 1,   "b": 2}'
+    assert content_hash(as_json, b"application/json") == hashlib.sha256(as_json).hexdigest()
+    # an HTML body served as text/plain is what the server said it is
+    assert content_hash(page(), "text/plain") == hashlib.sha256(page()).hexdigest()
+    # two token variants of a page hash alike only as HTML
+    assert content_hash(page(csrf="x"), "text/plain") != content_hash(page(), "text/plain")
+
+
+def test_html_is_sniffed_when_type_is_missing() -> None:
+    assert is_html(page()) and is_html(b"  <html><body>x") and is_html(b"<BODY>x</BODY>")
+    assert not is_html(b"%PDF-1.4") and not is_html(b"hello <b>world</b>")
+    assert is_html(b"", "application/xhtml+xml; charset=utf-8")
+    assert content_hash(page()) == h(page())
+    assert content_hash(page(csrf="zzz"), "") == h(page())
+    digest = content_hash(page())
+    assert len(digest) == 64 and int(digest, 16) >= 0
+
+
+BROKEN = [
+    b"",
+    b"   \n\t ",
+    b"<",
+    b"<<<>>>",
+    b"</p></div></html>",
+    b"<p>unclosed <b>bold <i>italic <a href='/x'>link",
+    b'<p class="never closed>text</p><p>more</p>',
+    b"<html><body><table><tr><td>cell<td>cell2</table></p></b></body>",
+    b"\x00\x01\x02<p>nul\x00bytes</p>\x00",
+    b"\xff\xfe\xfa\xfb random \x80\x81 bytes <p>x</p>",
+    b"<?xml version='1.0' encoding='latin-1'?><html><p>caf\xe9</p></html>",
+    b"<script>never closed " + b"x" * 5000,
+    b"<!-- never closed comment <p>hidden?</p>",
+    b"<p>" + b"&#xD800;&#0;&#x110000;&bogus;&amp" + b"</p>",
+    "<p>\ud800 lone surrogate</p>".encode("utf-8", "surrogatepass"),
+]
+
+
+@pytest.mark.parametrize("body", BROKEN)
+def test_broken_html_does_not_raise(body: bytes) -> None:
+    text = normalise_html(body)
+    assert isinstance(text, str)
+    for ctype in ("text/html", "text/html; charset=utf-8", "text/html; charset=x-bogus", None):
+        assert len(content_hash(body, ctype)) == 64
+
+
+def test_broken_html_keeps_its_text() -> None:
+    text = normalise_html(b"<p>unclosed <b>bold <i>italic <a href='/x'>link")
+    assert text == "unclosed bold italic </x> link"
+    assert normalise_html(b"") == normalise_html(b"  <html></html> ") == ""
+    assert content_hash(b"", "text/html") == hashlib.sha256(b"").hexdigest()
+
+
+def test_deep_nesting_does_not_lose_content() -> None:
+    # libxml2 gives up past its depth limit; the content after it must still count
+    def deep(tail: str) -> bytes:
+        return ("<div>" * 3000 + "deep" + "</div>" * 3000 + f"<p>{tail}</p>").encode()
+
+    assert "tail one" in normalise_html(deep("tail one"))
+    assert h(deep("tail one")) != h(deep("tail two"))
+
+
+def test_wrong_and_missing_charsets() -> None:
+    latin1 = "<p>Café crème, 5 €</p>".encode("cp1252")
+    # declared utf-8 but is cp1252: replacement characters, no exception
+    text = normalise_html(latin1, encoding="utf-8")
+    assert text.startswith("Caf") and "cr" in text and "5" in text
+    assert normalise_html(latin1, encoding="cp1252") == "Café crème, 5 €"
+    # unknown charset name: falls back to <meta>, then UTF-8
+    with_meta = b'<meta charset="windows-1252">' + latin1
+    assert normalise_html(with_meta, encoding="x-no-such-charset") == "Café crème, 5 €"
+    assert content_hash(with_meta, "text/html; charset=x-bogus") == content_hash(
+        with_meta, "text/html"
+    )
+    # the charset of the Content-Type is used when no encoding is given
+    assert content_hash(latin1, "text/html; charset=cp1252") == content_hash(
+        "<p>Café crème, 5 €</p>".encode(), "text/html; charset=utf-8"
+    )
+    # a BOM wins over a wrong declaration, as in browsers
+    utf16 = "\ufeff<p>Grüße</p>".encode("utf-16-le")
+    assert normalise_html(utf16, encoding="iso-8859-1") == "Grüße"
+
+
+KETTLE_WORDS = (
+    "kettle water steel handle lid spout boil litre warranty colour blue red green base "
+    "cord power watt temperature auto shut off filter limescale cup capacity weight "
+    "price delivery return review star customer quality design kitchen brew tea coffee"
+)
+HIKING_WORDS = (
+    "river mountain forest valley trail summit camp weather rain snow wind map compass "
+    "boot jacket tent hike ridge lake bridge path guide season spring autumn winter"
+)
+WORDS = KETTLE_WORDS.split()
+OTHER = HIKING_WORDS.split()
+
+
+def prose(words: list[str], n: int, seed: int) -> str:
+    rng = random.Random(seed)
+    sentences = []
+    while n > 0:
+        k = min(n, rng.randint(6, 16))
+        sentences.append(" ".join(rng.choice(words) for _ in range(k)).capitalize() + ".")
+        n -= k
+    return " ".join(sentences)
+
+
+def article(words: list[str], seed: int, banner: str = "") -> bytes:
+    paragraphs = "".join(f"<p>{prose(words, 60, seed * 100 + i)}</p>\n" for i in range(12))
+    return f"<html><body>{banner}<h1>Title</h1>{paragraphs}</body></html>".encode()
+
+
+def test_simhash_near_and_far() -> None:
+    base = simhash(normalise_html(article(WORDS, 1)))
+    banner = '<div class="banner"><a href="/sale">Summer sale: 20% off everything</a></div>'
+    with_banner = simhash(normalise_html(article(WORDS, 1, banner)))
+    unrelated = simhash(normalise_html(article(OTHER, 2)))
+    assert 0 < hamming(base, with_banner) <= 6
+    assert hamming(base, unrelated) >= 20
+    assert 0 <= base < 2**64
+    assert simhash("") == 0
+    assert simhash("one two", bits=128) < 2**128
+    with pytest.raises(ValueError):
+        simhash("x", bits=60)
+
+
+def test_simhash_is_stable_across_processes() -> None:
+    # it is stored, so it must not depend on PYTHONHASHSEED or the machine
+    code = textwrap.dedent(
+        """
+        from webfarm.content import simhash
+        print(simhash("the quick brown fox jumps over the lazy dog " * 20))
+        """
+    )
+    values = set()
+    for seed in ("1", "2"):
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        values.add(int(out.stdout))
+    assert values == {simhash("the quick brown fox jumps over the lazy dog " * 20)}
+
+
+def test_hamming() -> None:
+    assert hamming(0, 0) == 0
+    assert hamming(0b1011, 0b0001) == 2
+    assert hamming(2**64 - 1, 0) == 64

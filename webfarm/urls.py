@@ -1,0 +1,220 @@
+"""What counts as the same URL, the same request and the same host.
+
+Every stage keys on these functions: the frontier's dupefilter (request
+fingerprints), the index (`pages._id` is :func:`url_fingerprint`) and
+politeness (:func:`host_of`). They must agree, so they all start from one
+:func:`canonical_url`.
+
+Canonicalisation is :func:`w3lib.url.canonicalize_url` (query sorted, fragment
+dropped, percent-encoding normalised, host lower-cased, IDN to punycode) plus
+what it leaves alone but crawls need:
+
+* the default port is dropped (``http://h:80/`` is ``http://h/``);
+* tracking and session parameters are dropped from the query, and session
+  path parameters (``/cart;jsessionid=...``) from the path, because they make
+  one page look like millions and do not change what the server returns.
+
+Parameter patterns (:data:`DEFAULT_TRACKING_PARAMS`, or the
+``WEBFARM_STRIP_PARAMS`` setting) match parameter names case-insensitively. A
+pattern ending in ``*`` or ``_`` is a prefix: ``utm_`` matches ``utm_source``,
+``aspsessionid*`` matches ``ASPSESSIONIDQSCTRBDA``; any other pattern must
+match the whole name. ``ref`` is deliberately not a default: on many sites it
+selects content (a referral programme, a git ref).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from functools import lru_cache
+from typing import TYPE_CHECKING
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
+from weakref import WeakKeyDictionary
+
+from w3lib.url import canonicalize_url
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+__all__ = [
+    "DEFAULT_TRACKING_PARAMS",
+    "RequestFingerprinter",
+    "canonical_url",
+    "host_of",
+    "request_fingerprint",
+    "url_fingerprint",
+]
+
+DEFAULT_TRACKING_PARAMS: tuple[str, ...] = (
+    # analytics and ad-click identifiers
+    "utm_",
+    "gclid",
+    "gclsrc",
+    "dclid",
+    "gbraid",
+    "wbraid",
+    "fbclid",
+    "msclkid",
+    "yclid",
+    "twclid",
+    "ttclid",
+    "igshid",
+    "mc_cid",
+    "mc_eid",
+    "_ga",
+    "_gl",
+    "_hsenc",
+    "_hsmi",
+    "mkt_tok",
+    # session ids (query or ;path parameters)
+    "jsessionid",
+    "phpsessid",
+    "sid",
+    "sessionid",
+    "aspsessionid*",
+)
+
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "ftp": 21}
+
+
+@lru_cache(maxsize=64)
+def _matcher(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    """Compile name patterns into one case-insensitive full-match regex."""
+    alternatives = []
+    for raw in patterns:
+        pattern = raw.strip()
+        if not pattern:
+            continue
+        if pattern.endswith("*"):
+            alternatives.append(re.escape(pattern[:-1]) + ".*")
+        elif pattern.endswith("_"):
+            alternatives.append(re.escape(pattern) + ".*")
+        else:
+            alternatives.append(re.escape(pattern))
+    if not alternatives:
+        return None
+    return re.compile("(?:" + "|".join(alternatives) + ")", re.IGNORECASE | re.DOTALL)
+
+
+def _name_matches(matcher: re.Pattern[str], encoded_name: str) -> bool:
+    return matcher.fullmatch(unquote(encoded_name.replace("+", " "))) is not None
+
+
+def _strip_path_params(path: str, matcher: re.Pattern[str]) -> str:
+    """Drop ``;name=value`` path parameters whose name matches, in every segment."""
+    if ";" not in path:
+        return path
+    segments = []
+    for segment in path.split("/"):
+        if ";" in segment:
+            head, *params = segment.split(";")
+            kept = [p for p in params if not _name_matches(matcher, p.partition("=")[0])]
+            segment = ";".join([head, *kept])
+        segments.append(segment)
+    return "/".join(segments)
+
+
+def _strip_query(query: str, matcher: re.Pattern[str]) -> str:
+    kept = [p for p in query.split("&") if not _name_matches(matcher, p.partition("=")[0])]
+    return "&".join(kept)
+
+
+def _drop_default_port(scheme: str, netloc: str) -> str:
+    userinfo, at, hostport = netloc.rpartition("@")
+    host, colon, port = hostport.rpartition(":")
+    # "[::1]" has colons but no port; a port never contains "]".
+    if not colon or "]" in port:
+        return netloc
+    if port == "" or (port.isdigit() and int(port) == _DEFAULT_PORTS.get(scheme)):
+        return f"{userinfo}{at}{host}"
+    return netloc
+
+
+def _patterns(strip_params: Iterable[str]) -> tuple[str, ...]:
+    return strip_params if isinstance(strip_params, tuple) else tuple(strip_params)
+
+
+def canonical_url(url: str, strip_params: Iterable[str] = DEFAULT_TRACKING_PARAMS) -> str:
+    """Return the one spelling of ``url`` that every stage keys on.
+
+    Raises ``ValueError`` for a URL that cannot be parsed (e.g. a bad IPv6 host).
+    """
+    canonical = canonicalize_url(url)
+    parts = urlsplit(canonical)
+    scheme, netloc, path, query = parts.scheme, parts.netloc, parts.path, parts.query
+    netloc = _drop_default_port(scheme, netloc)
+    matcher = _matcher(_patterns(strip_params))
+    if matcher is not None:
+        path = _strip_path_params(path, matcher)
+        if query:
+            query = _strip_query(query, matcher)
+    # w3lib already sorted the query; filtering keeps that order.
+    return urlunsplit(SplitResult(scheme, netloc, path, query, ""))
+
+
+def url_fingerprint(url: str, strip_params: Iterable[str] = DEFAULT_TRACKING_PARAMS) -> str:
+    """Hex SHA-1 of :func:`canonical_url`: the ``_id`` of a document in ``pages``."""
+    return hashlib.sha1(canonical_url(url, strip_params).encode()).hexdigest()  # noqa: S324
+
+
+def request_fingerprint(
+    method: str,
+    url: str,
+    body: bytes = b"",
+    strip_params: Iterable[str] = DEFAULT_TRACKING_PARAMS,
+) -> bytes:
+    """20-byte SHA-1 over method, canonical URL and body.
+
+    Headers and meta are left out on purpose: a page re-requested through the
+    browser rung, or with another proxy or cookie, is still the same request.
+    """
+    digest = hashlib.sha1(method.upper().encode("ascii", "replace"))  # noqa: S324
+    digest.update(b" ")
+    digest.update(canonical_url(url, strip_params).encode())
+    # The canonical URL is percent-encoded, so it never holds a raw newline:
+    # the separator makes (url, body) pairs unambiguous.
+    digest.update(b"\n")
+    digest.update(body or b"")
+    return digest.digest()
+
+
+def host_of(url: str) -> str:
+    """Lower-case ``host[:port]`` with the scheme's default port dropped.
+
+    This is the politeness key: ``127.0.0.2:8081`` and ``127.0.0.2:8082`` are
+    different hosts, ``Example.com:443`` over https is ``example.com``.
+    """
+    parts = urlsplit(url.strip())
+    hostport = parts.netloc.rpartition("@")[2]
+    if not hostport.isascii() or "[" in hostport:
+        # Same spelling as canonical_url (punycode, normalised IPv6), so the keys agree.
+        return urlsplit(canonical_url(url, ())).netloc.rpartition("@")[2]
+    return _drop_default_port(parts.scheme.lower(), hostport.lower())
+
+
+class RequestFingerprinter:
+    """Scrapy ``REQUEST_FINGERPRINTER_CLASS`` that uses :func:`request_fingerprint`.
+
+    Reads ``WEBFARM_STRIP_PARAMS`` once (empty: :data:`DEFAULT_TRACKING_PARAMS`).
+    Unlike Scrapy's default it ignores ``meta`` entirely (``verbatim_url``
+    included), so a request keeps its identity whatever rung fetches it.
+    """
+
+    def __init__(self, strip_params: Iterable[str] | None = None) -> None:
+        params = tuple(strip_params or ())
+        self.strip_params: tuple[str, ...] = params or DEFAULT_TRACKING_PARAMS
+        self._cache: WeakKeyDictionary[Request, bytes] = WeakKeyDictionary()
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> RequestFingerprinter:
+        return cls(crawler.settings.getlist("WEBFARM_STRIP_PARAMS"))
+
+    def fingerprint(self, request: Request) -> bytes:
+        try:
+            return self._cache[request]
+        except KeyError:
+            fp = request_fingerprint(request.method, request.url, request.body, self.strip_params)
+            self._cache[request] = fp
+            return fp
