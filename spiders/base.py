@@ -1,0 +1,123 @@
+"""The base class every webfarm spider stands on.
+
+It turns each response into a :class:`~webfarm.items.PageItem` (the raw page,
+kept for re-parsing), follows links inside the spider's hosts, and leaves a
+site spider only its extraction: override :meth:`extract`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import scrapy
+from scrapy.http import Response, TextResponse
+from scrapy.linkextractors import LinkExtractor
+
+from webfarm.items import PageItem
+from webfarm.urls import host_of
+
+
+def _split(value: str | Iterable[str] | None) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = value.split(",")
+    return [v.strip() for v in value if v and v.strip()]
+
+
+class WebfarmSpider(scrapy.Spider):
+    """Crawl ``start_urls``, store every page, follow links inside ``hosts``.
+
+    Spider arguments (``-a name=value``): ``start`` (comma-separated URLs),
+    ``domains`` (comma-separated hosts, ``host`` or ``host:port``; default: the
+    start URLs' hosts) and ``max_pages`` (stop following links after this
+    worker stored that many pages; 0 = no limit).
+    """
+
+    name = ""
+    start_urls: list[str] = []
+    hosts: list[str] = []
+    follow_links = True
+    link_extractor = LinkExtractor(unique=True)
+
+    def __init__(
+        self, start: str | None = None, domains: str | None = None,
+        max_pages: str | int | None = None, **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        args = self.check_arguments(start=start, domains=domains, max_pages=max_pages)
+        self.start_urls = args["start"] or list(self.start_urls)
+        self.hosts = args["domains"] or list(self.hosts) or [host_of(u) for u in self.start_urls]
+        # The offsite middleware compares bare host names; ``hosts`` keep the port.
+        self.allowed_domains = sorted({urlsplit(f"//{h}").hostname or h for h in self.hosts})
+        self.max_pages = args["max_pages"]
+        self.pages_seen = 0
+
+    @classmethod
+    def check_arguments(cls, **spargs: Any) -> dict[str, Any]:
+        """Validate ``-a`` arguments; ``scrapy crawl`` calls this before starting
+        anything, so a typo costs one line, not a traceback. Raises ValueError."""
+        start = _split(spargs.get("start"))
+        for url in start:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"start URL {url!r} is not an http(s) URL")
+        raw = spargs.get("max_pages")
+        try:
+            max_pages = int(raw or 0)
+        except ValueError:
+            raise ValueError(f"max_pages={raw!r} is not a whole number") from None
+        if max_pages < 0:
+            raise ValueError(f"max_pages={raw!r} must be 0 (no limit) or more")
+        return {"start": start, "domains": _split(spargs.get("domains")), "max_pages": max_pages}
+
+    async def start(self) -> AsyncIterator[Any]:
+        for url in self.start_urls:
+            yield scrapy.Request(url, callback=self.parse)
+
+    def in_scope(self, url: str) -> bool:
+        """Is ``url`` on one of this spider's hosts (``host`` matches any port)?"""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            return False
+        host = host_of(url)
+        bare = parts.hostname.lower()
+        return any(h in (host, bare) or bare.endswith("." + h) for h in self.hosts)
+
+    def page_item(self, response: Response) -> PageItem:
+        request_url = response.meta.get("redirect_urls", [response.url])[0]
+        content_type = response.headers.get(b"Content-Type", b"").decode("latin-1")
+        return PageItem(
+            url=request_url,
+            final_url=response.url,
+            host=host_of(request_url),
+            spider=self.name,
+            status=response.status,
+            body=response.body,
+            content_type=content_type,
+            encoding=response.encoding if isinstance(response, TextResponse) else None,
+            headers={k.decode("latin-1"): b",".join(v).decode("latin-1")
+                     for k, v in response.headers.items()},
+            fetched_at=time.time(),
+            fetch_method="browser" if "playwright" in response.flags else "http",
+        )
+
+    def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:
+        self.pages_seen += 1
+        yield self.page_item(response)
+        yield from self.extract(response)
+        under_limit = not self.max_pages or self.pages_seen < self.max_pages
+        if self.follow_links and under_limit and isinstance(response, TextResponse):
+            yield from self.follow(response)
+
+    def extract(self, response: Response) -> Iterable[Any]:
+        """Structured items of a page; site spiders override this."""
+        return ()
+
+    def follow(self, response: TextResponse) -> Iterator[scrapy.Request]:
+        for link in self.link_extractor.extract_links(response):
+            if self.in_scope(link.url):
+                yield response.follow(link.url, callback=self.parse)

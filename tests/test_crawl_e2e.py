@@ -1,0 +1,108 @@
+"""A real ``scrapy crawl generic`` through every stage: frontier, fetch, hash, blobs, index."""
+
+from __future__ import annotations
+
+import collections
+import uuid
+
+import boto3
+import pymongo
+import pytest
+import redis
+
+from tests import runner
+from webfarm.blobstore import open_blob_store
+from webfarm.urls import canonical_url
+
+
+def crawl(web, env, base_url, timeout=120):
+    result = runner.scrapy(["crawl", "generic", "-a", f"start={base_url}/"], env, timeout)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "Traceback" not in result.output, result.output[-3000:]
+    return result
+
+
+def stored_urls(db):
+    return {doc["url"] for doc in db.pages.find()}
+
+
+def assert_each_url_fetched_once(web, base_url):
+    host = base_url.split("//")[1]
+    paths = [h.path for h in web.hits_for(host=host) if h.path != "/robots.txt"]
+    counts = collections.Counter(canonical_url(f"http://{host}{p}") for p in paths)
+    assert counts and max(counts.values()) == 1, [u for u, n in counts.items() if n > 1]
+
+
+def test_crawl_stores_every_page_once_on_file_store(web, redis_url, mongo_uri, mongo_db_name,
+                                                    tmp_path):
+    base, other = web.base_urls
+    blobs_dir = tmp_path / "blobs"
+    env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri, MONGO_DATABASE=mongo_db_name,
+                         BLOB_STORE_URI=blobs_dir.as_uri())
+    crawl(web, env, base)
+
+    db = pymongo.MongoClient(mongo_uri)[mongo_db_name]
+    assert stored_urls(db) == web.expected_pages(base)
+    assert db.contents.count_documents({}) == web.expected_contents(base)
+    store = open_blob_store(blobs_dir.as_uri())
+    blob_keys = set(store.iter_keys())
+    assert blob_keys == {doc["blob_key"] for doc in db.contents.find()}
+    for doc in db.pages.find():
+        assert doc["blob_key"] in blob_keys and doc["status"] == 200
+        assert doc["fetch_method"] == "http" and doc["spider"] == "generic"
+    # The print mirror shares its product page's content and points at it.
+    mirror = db.pages.find_one({"url": f"{base}/print/product/WF01-0001"})
+    product = db.pages.find_one({"url": f"{base}/product/WF01-0001"})
+    assert mirror["content_hash"] == product["content_hash"]
+    assert {mirror["duplicate_of"], product["duplicate_of"]} - {None} <= {mirror["_id"],
+                                                                          product["_id"]}
+    # Tracking-parameter variants were not fetched again; the other host was never touched.
+    assert_each_url_fetched_once(web, base)
+    assert web.hits_for(host=other) == []
+    assert store.get(product["blob_key"]).startswith(b"<!DOCTYPE html")
+
+    # The same crawl again (fresh frontier, same index and blobs): nothing new is stored.
+    redis.Redis.from_url(redis_url).flushall()
+    crawl(web, env, base)
+    assert stored_urls(db) == web.expected_pages(base)
+    assert db.contents.count_documents({}) == web.expected_contents(base)
+    assert set(store.iter_keys()) == blob_keys
+    assert {doc["fetch_count"] for doc in db.pages.find()} == {2}
+    assert {doc["url_count"] for doc in db.contents.find()} <= set(range(1, 10))
+    assert sum(doc["url_count"] for doc in db.contents.find()) == len(web.expected_pages(base))
+
+
+def test_crawl_writes_blobs_to_s3(web, redis_url, mongo_uri, mongo_db_name, s3_server, s3_bucket):
+    base = web.base_urls[1]
+    env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri, MONGO_DATABASE=mongo_db_name,
+                         BLOB_STORE_URI=f"s3://{s3_bucket}/pages", AWS_ENDPOINT_URL=s3_server.url)
+    crawl(web, env, base)
+
+    db = pymongo.MongoClient(mongo_uri)[mongo_db_name]
+    assert stored_urls(db) == web.expected_pages(base)
+    s3 = boto3.client("s3", endpoint_url=s3_server.url)
+    listed = s3.list_objects_v2(Bucket=s3_bucket, Prefix="pages/raw/")
+    keys = {obj["Key"].removeprefix("pages/") for obj in listed.get("Contents", [])}
+    assert keys == {doc["blob_key"] for doc in db.contents.find()}
+    assert len(keys) == web.expected_contents(base)
+    page = db.pages.find_one({"url": f"{base}/about"})
+    store = open_blob_store(f"s3://{s3_bucket}/pages", endpoint_url=s3_server.url)
+    meta = store.metadata(page["blob_key"])
+    assert meta["url"].startswith(base) and meta["content-type"].startswith("text/html")
+    assert b"<html" in store.get(page["blob_key"])
+
+
+@pytest.mark.parametrize("spider_args, message", [
+    ([], "generic needs -a start=URL"),
+    (["-a", "start=ftp://example.com/"], "not an http(s) URL"),
+    (["-a", "start=http://127.0.0.2:1/", "-a", "max_pages=ten"], "not a whole number"),
+])
+def test_bad_spider_arguments(redis_url, mongo_uri, tmp_path, spider_args, message):
+    env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri,
+                         MONGO_DATABASE=f"wf_{uuid.uuid4().hex[:8]}",
+                         BLOB_STORE_URI=(tmp_path / "b").as_uri())
+    result = runner.scrapy(["crawl", "generic", *spider_args], env, timeout=60)
+    assert result.returncode == 2
+    assert "Traceback" not in result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("webfarm: generic:")]
+    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]

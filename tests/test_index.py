@@ -1,0 +1,88 @@
+"""pages and contents upserts: idempotent, duplicates and changes recorded."""
+
+from __future__ import annotations
+
+import time
+
+import pymongo
+import pytest
+
+from webfarm.index import IndexStore
+from webfarm.urls import url_fingerprint
+
+
+def page(url, content_hash, body=b"body", ts=None):
+    return {
+        "url": url, "final_url": url, "host": "127.0.0.2:8081", "spider": "generic",
+        "status": 200, "body": body, "content_type": "text/html", "fetched_at": ts or time.time(),
+        "fetch_method": "http", "content_hash": content_hash,
+        "blob_key": f"raw/{content_hash[:2]}/{content_hash}",
+    }
+
+
+@pytest.fixture()
+def store(mongo_uri, mongo_db_name):
+    s = IndexStore(mongo_uri, mongo_db_name)
+    s.ensure_indexes()
+    yield s
+    s.client.drop_database(mongo_db_name)
+    s.close()
+
+
+def test_same_page_twice_changes_only_counters(store):
+    a = page("http://127.0.0.2:8081/p/1", "aa" * 32)
+    first = store.record_page(a, 3600)
+    snapshot = store.pages.find_one({"_id": first.page_id})
+    second = store.record_page({**a, "fetched_at": a["fetched_at"] + 5}, 3600)
+    again = store.pages.find_one({"_id": first.page_id})
+    assert first.new_page and not second.new_page and not second.changed
+    assert store.pages.count_documents({}) == 1 and store.contents.count_documents({}) == 1
+    assert again["fetch_count"] == 2 and snapshot["fetch_count"] == 1
+    unchanged = {k for k in snapshot if k not in ("fetch_count", "fetched_at")}
+    assert {k: again[k] for k in unchanged} == {k: snapshot[k] for k in unchanged}
+    assert store.contents.find_one({"_id": "aa" * 32})["url_count"] == 1
+
+
+def test_page_fields_follow_the_design(store):
+    rec = store.record_page(page("http://127.0.0.2:8081/p/1?utm_source=x#top", "bb" * 32), 60)
+    doc = store.pages.find_one({"_id": rec.page_id})
+    assert rec.page_id == url_fingerprint("http://127.0.0.2:8081/p/1")
+    for field in ("url", "final_url", "host", "spider", "status", "fetched_at", "fetch_method",
+                  "content_hash", "blob_key", "duplicate_of", "fetch_count", "change_count",
+                  "last_changed_at", "refetch_interval", "next_fetch_at"):
+        assert field in doc, field
+    assert doc["duplicate_of"] is None and doc["refetch_interval"] == 60
+    assert (doc["next_fetch_at"] - doc["fetched_at"]).total_seconds() == 60
+    content = store.contents.find_one({"_id": "bb" * 32})
+    assert set(content) >= {"blob_key", "size", "first_url", "first_seen", "url_count"}
+    names = {next(iter(ix["key"])) for ix in store.pages.list_indexes()}
+    assert {"content_hash", "host", "next_fetch_at"} <= names
+
+
+def test_duplicate_content_shares_hash(store):
+    one = store.record_page(page("http://127.0.0.2:8081/product/1", "cc" * 32), 60)
+    two = store.record_page(page("http://127.0.0.2:8081/print/product/1", "cc" * 32), 60)
+    assert one.duplicate_of is None and two.duplicate_of == one.page_id
+    assert store.contents.count_documents({}) == 1
+    assert store.contents.find_one({"_id": "cc" * 32})["url_count"] == 2
+    store.record_page(page("http://127.0.0.2:8081/print/product/1", "cc" * 32), 60)
+    assert store.contents.find_one({"_id": "cc" * 32})["url_count"] == 2
+
+
+def test_changed_content_counts_a_change(store):
+    url = "http://127.0.0.2:8081/product/9"
+    store.record_page(page(url, "dd" * 32), 60)
+    rec = store.record_page(page(url, "ee" * 32, ts=time.time() + 10), 60)
+    doc = store.pages.find_one({"_id": rec.page_id})
+    assert rec.changed and doc["change_count"] == 1 and doc["content_hash"] == "ee" * 32
+    assert store.contents.find_one({"_id": "dd" * 32})["url_count"] == 0
+    assert store.contents.find_one({"_id": "ee" * 32})["url_count"] == 1
+
+
+def test_summary(store):
+    store.record_page(page("http://127.0.0.2:8081/a", "11" * 32), 60)
+    store.record_page(page("http://127.0.0.2:8081/b", "11" * 32), 60)
+    s = store.summary()
+    assert s["pages"] == 2 and s["contents"] == 1 and s["duplicates"] == 1
+    assert s["per_host"] == {"127.0.0.2:8081": 2}
+    assert isinstance(store.client, pymongo.MongoClient)

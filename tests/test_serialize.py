@@ -1,0 +1,69 @@
+"""Queued requests are JSON without secrets, and foreign entries are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import scrapy
+from scrapy.utils.request import request_from_dict
+
+from webfarm import serialize
+
+
+class Spider(scrapy.Spider):
+    name = "s"
+
+    def parse_item(self, response):  # pragma: no cover - only referenced by name
+        pass
+
+
+def test_round_trip_keeps_request_fields():
+    spider = Spider()
+    req = scrapy.Request(
+        "http://example.com/a?b=1", callback=spider.parse_item, method="POST", body=b"\x00\xffdata",
+        headers={"X-Test": "1"}, meta={"depth": 2, "render": "browser"}, priority=7,
+        cb_kwargs={"page": 3},
+    )
+    data = serialize.dumps(req.to_dict(spider=spider))
+    json.loads(data)  # plain JSON
+    back = request_from_dict(serialize.loads(data), spider=spider)
+    assert back.url == req.url and back.method == "POST" and back.body == b"\x00\xffdata"
+    assert back.callback == spider.parse_item
+    assert back.meta == {"depth": 2, "render": "browser"}
+    assert back.priority == 7 and back.cb_kwargs == {"page": 3}
+    assert back.headers[b"X-Test"] == b"1"
+
+
+def test_credentials_never_serialised():
+    req = scrapy.Request(
+        "http://example.com/",
+        headers={"Proxy-Authorization": "Basic c2VjcmV0", "Authorization": "Bearer tok",
+                 "Cookie": "sid=1"},
+        meta={"proxy": "http://user:secret@proxy.local:3128", "_auth_proxy": "x"},
+    )
+    data = serialize.dumps(req.to_dict())
+    assert "secret" not in data and "c2VjcmV0" not in data and "tok" not in data
+    assert "sid=1" not in data
+    assert serialize.loads(data)["meta"]["proxy"] == "http://proxy.local:3128"
+
+
+@pytest.mark.parametrize(
+    "entry, why",
+    [
+        (b"\x80\x04\x95pickle", "not JSON"),
+        (b'{"no": "url"}', "no 'url'"),
+        (b'{"url": "http://x/", "_class": "os.system"}', "not allowed"),
+        (b'{"url": "http://x/", "callback": "__init__"}', "public spider method"),
+        (b"[1, 2]", "no 'url'"),
+    ],
+)
+def test_foreign_entries_refused(entry, why):
+    with pytest.raises(serialize.SerializationError, match=why):
+        serialize.loads(entry)
+
+
+def test_unserialisable_meta_gives_clear_error():
+    req = scrapy.Request("http://example.com/", meta={"obj": object()})
+    with pytest.raises(serialize.SerializationError, match="JSON types"):
+        serialize.dumps(req.to_dict())

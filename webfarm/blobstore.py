@@ -1,0 +1,229 @@
+"""Raw pages, compressed and content-addressed, on a filesystem or any S3 endpoint.
+
+Both stores keep ``raw/<hash[:2]>/<hash>`` under their prefix, gzip-compressed,
+with the URL, content type and fetch time as metadata, and write a key only
+once. The calls are blocking on purpose (boto3 is); pipelines run them in a
+bounded thread pool so the reactor never waits on storage.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import quote, unquote, urlsplit
+
+META_SUFFIX = ".meta.json"
+
+
+class BlobStoreError(Exception):
+    """The store cannot be used; the message says what to do."""
+
+
+def blob_key(content_hash: str) -> str:
+    """The key of a raw page under the store's prefix: ``raw/<hash[:2]>/<hash>``."""
+    if len(content_hash) < 8 or not all(c in "0123456789abcdef" for c in content_hash):
+        raise ValueError(f"not a hex content hash: {content_hash!r}")
+    return f"raw/{content_hash[:2]}/{content_hash}"
+
+
+def compress(body: bytes) -> bytes:
+    # mtime=0: the same body always compresses to the same bytes.
+    return gzip.compress(body, compresslevel=6, mtime=0)
+
+
+def decompress(data: bytes) -> bytes:
+    return gzip.decompress(data)
+
+
+class BlobStore(Protocol):
+    uri: str
+
+    def check(self) -> None: ...
+    def exists(self, key: str) -> bool: ...
+    def put_once(self, key: str, body: bytes, metadata: dict[str, str]) -> bool: ...
+    def get(self, key: str) -> bytes: ...
+    def metadata(self, key: str) -> dict[str, str]: ...
+    def iter_keys(self, prefix: str = "raw/") -> Iterator[str]: ...
+
+
+class FileBlobStore:
+    """Blobs as files; a write goes to a temp file, is fsynced and renamed into place,
+    so a crash never leaves a half-written blob under its final name."""
+
+    def __init__(self, root: str | Path, uri: str | None = None) -> None:
+        self.root = Path(root)
+        self.uri = uri or self.root.resolve().as_uri()
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if self.root.resolve() not in path.parents:
+            raise ValueError(f"blob key escapes the store: {key!r}")
+        return path
+
+    def check(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.root, prefix=".check-"):
+                pass
+        except OSError as exc:
+            raise BlobStoreError(f"cannot write to {self.root} ({exc.strerror})") from None
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).exists()
+
+    def _write_new(self, path: Path, data: bytes, replace: bool = False) -> bool:
+        """Write ``data`` to a temp file, fsync it, then link it to ``path``.
+
+        ``os.link`` fails if ``path`` exists, so of two writers racing on one key
+        exactly one wins, and ``path`` never names a partly written file.
+        """
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if replace:
+                os.replace(tmp, path)
+                return True
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
+    def put_once(self, key: str, body: bytes, metadata: dict[str, str]) -> bool:
+        """Write ``body`` (compressed) unless ``key`` exists; True if written now."""
+        path = self._path(key)
+        if path.exists():
+            return False
+        # Metadata first: a blob under its final name always has its metadata.
+        meta_path = path.with_name(path.name + META_SUFFIX)
+        self._write_new(meta_path, json.dumps(metadata).encode(), replace=True)
+        return self._write_new(path, compress(body))
+
+    def get(self, key: str) -> bytes:
+        return decompress(self._path(key).read_bytes())
+
+    def metadata(self, key: str) -> dict[str, str]:
+        path = self._path(key)
+        return json.loads(path.with_name(path.name + META_SUFFIX).read_bytes())
+
+    def iter_keys(self, prefix: str = "raw/") -> Iterator[str]:
+        base = self.root / prefix
+        if not base.exists():
+            return
+        for path in sorted(base.rglob("*")):
+            if path.is_file() and not path.name.startswith(".") and not path.name.endswith(
+                META_SUFFIX
+            ):
+                yield path.relative_to(self.root).as_posix()
+
+
+class S3BlobStore:
+    """Blobs in an S3 bucket (AWS or any S3-compatible endpoint).
+
+    botocore's "standard" retry mode handles throttling and transient errors;
+    the client's connection pool bounds concurrency with the pipeline's threads.
+    """
+
+    def __init__(
+        self, bucket: str, prefix: str = "", endpoint_url: str | None = None,
+        max_connections: int = 16, uri: str | None = None,
+    ) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.endpoint_url = endpoint_url
+        self.uri = uri or f"s3://{bucket}/{self.prefix}"
+        config = Config(
+            retries={"mode": "standard", "max_attempts": 5},
+            max_pool_connections=max_connections,
+            connect_timeout=5,
+            read_timeout=30,
+        )
+        self.client = boto3.session.Session().client(
+            "s3", endpoint_url=endpoint_url, config=config
+        )
+
+    def check(self) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        where = f" at {self.endpoint_url}" if self.endpoint_url else ""
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code in ("404", "NoSuchBucket"):
+                raise BlobStoreError(
+                    f"bucket {self.bucket!r} does not exist{where}; create it or fix the URI"
+                ) from None
+            raise BlobStoreError(f"bucket {self.bucket!r}{where}: {code or exc}") from None
+        except BotoCoreError as exc:
+            raise BlobStoreError(
+                f"cannot reach S3{where} ({exc}); check AWS_ENDPOINT_URL and credentials"
+            ) from None
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self.prefix + key)
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+
+    def put_once(self, key: str, body: bytes, metadata: dict[str, str]) -> bool:
+        """Write ``body`` (compressed) unless ``key`` exists; True if written now."""
+        if self.exists(key):
+            return False
+        self.client.put_object(
+            Bucket=self.bucket,
+            Key=self.prefix + key,
+            Body=compress(body),
+            ContentEncoding="gzip",
+            ContentType="application/octet-stream",
+            # S3 metadata must be ASCII: values are percent-encoded.
+            Metadata={k: quote(v, safe="/:?=&%+;,@") for k, v in metadata.items()},
+        )
+        return True
+
+    def get(self, key: str) -> bytes:
+        obj = self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)
+        return decompress(obj["Body"].read())
+
+    def metadata(self, key: str) -> dict[str, str]:
+        head = self.client.head_object(Bucket=self.bucket, Key=self.prefix + key)
+        return {k: unquote(v) for k, v in head.get("Metadata", {}).items()}
+
+    def iter_keys(self, prefix: str = "raw/") -> Iterator[str]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+            for obj in page.get("Contents", []):
+                yield obj["Key"][len(self.prefix):]
+
+
+def open_blob_store(uri: str, endpoint_url: str | None = None) -> FileBlobStore | S3BlobStore:
+    """A store for ``s3://bucket/prefix`` or ``file:///path``."""
+    parts = urlsplit(uri)
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise BlobStoreError(f"file URI {uri!r} names a host; use file:///absolute/path")
+        return FileBlobStore(unquote(parts.path), uri=uri)
+    if parts.scheme == "s3":
+        if not parts.netloc:
+            raise BlobStoreError(f"S3 URI {uri!r} has no bucket; use s3://bucket/prefix")
+        return S3BlobStore(parts.netloc, parts.path, endpoint_url=endpoint_url, uri=uri)
+    raise BlobStoreError(f"unknown blob store {uri!r}; use s3://bucket/prefix or file:///path")

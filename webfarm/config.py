@@ -1,0 +1,177 @@
+"""Where the frontier, the index and the blobs live, checked before a crawl starts.
+
+A wrong ``REDIS_URL`` should cost the user one clear line naming the variable,
+not a traceback after the first pages were fetched. :func:`preflight` resolves
+each location (starting the embedded service when the variable is unset),
+connects to it, and raises :class:`ConfigError` with that line otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from scrapy.settings import BaseSettings
+
+REDIS_SCHEMES = ("redis", "rediss", "unix", "valkey", "valkeys")
+MONGO_SCHEMES = ("mongodb", "mongodb+srv")
+BLOB_SCHEMES = ("s3", "file")
+
+
+class ConfigError(Exception):
+    """A deployment setting is wrong; the message is one line that says what to do."""
+
+
+@dataclass(frozen=True)
+class Locations:
+    redis_url: str
+    mongo_uri: str
+    mongo_database: str
+    blob_uri: str
+    aws_endpoint_url: str | None
+
+
+def _services(settings: BaseSettings):
+    from webfarm.services import EmbeddedServices
+
+    return EmbeddedServices(settings.get("WEBFARM_DATA_DIR") or None)
+
+
+def _embedded(settings: BaseSettings, name: str, variable: str) -> str:
+    from webfarm.services import ServiceError
+
+    try:
+        return _services(settings).ensure(name)
+    except ServiceError as exc:
+        raise ConfigError(f"{variable} is unset and the embedded service failed: {exc}") from None
+
+
+def redis_url(settings: BaseSettings) -> str:
+    """``REDIS_URL``, or the embedded Valkey's URL (started if needed)."""
+    url = settings.get("REDIS_URL") or ""
+    if not url:
+        return _embedded(settings, "redis", "REDIS_URL")
+    scheme = urlsplit(url).scheme
+    if scheme not in REDIS_SCHEMES:
+        raise ConfigError(
+            f"REDIS_URL={url!r}: scheme {scheme!r} is not one of {', '.join(REDIS_SCHEMES)}; "
+            "use redis://host:6379/0, or unset it for the embedded Valkey"
+        )
+    return url.replace("valkey", "redis", 1) if scheme.startswith("valkey") else url
+
+
+def mongo_uri(settings: BaseSettings) -> str:
+    """``MONGO_URI``, or the embedded SecantusDB's URI (started if needed)."""
+    uri = settings.get("MONGO_URI") or ""
+    if not uri:
+        return _embedded(settings, "mongo", "MONGO_URI")
+    scheme = urlsplit(uri).scheme
+    if scheme not in MONGO_SCHEMES:
+        raise ConfigError(
+            f"MONGO_URI={uri!r}: scheme {scheme!r} is not mongodb or mongodb+srv; "
+            "use mongodb://host:27017, or unset it for the embedded server"
+        )
+    return uri
+
+
+def blob_uri(settings: BaseSettings) -> str:
+    """``BLOB_STORE_URI``, or ``file://`` under the data folder."""
+    uri = settings.get("BLOB_STORE_URI") or ""
+    if not uri:
+        return _embedded(settings, "blobs", "BLOB_STORE_URI")
+    scheme = urlsplit(uri).scheme
+    if scheme not in BLOB_SCHEMES:
+        raise ConfigError(
+            f"BLOB_STORE_URI={uri!r}: scheme {scheme!r} is not s3 or file; "
+            "use s3://bucket/prefix or file:///path, or unset it for the local folder"
+        )
+    return uri
+
+
+def locations(settings: BaseSettings) -> Locations:
+    return Locations(
+        redis_url=redis_url(settings),
+        mongo_uri=mongo_uri(settings),
+        mongo_database=settings.get("MONGO_DATABASE") or "webfarm",
+        blob_uri=blob_uri(settings),
+        aws_endpoint_url=settings.get("AWS_ENDPOINT_URL") or None,
+    )
+
+
+def _where(settings: BaseSettings, variable: str) -> str:
+    return variable if settings.get(variable) else f"{variable} (unset: embedded)"
+
+
+def check_redis(url: str, variable: str = "REDIS_URL", timeout: float = 5.0) -> None:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+        client.ping()
+        client.close()
+    except (redis.RedisError, ValueError, OSError) as exc:
+        raise ConfigError(
+            f"{variable}: cannot reach {safe_url(url)} ({exc}); start that server or fix the URL"
+        ) from None
+
+
+def check_mongo(uri: str, variable: str = "MONGO_URI", timeout: float = 5.0) -> None:
+    import pymongo
+    from pymongo.errors import ConfigurationError, PyMongoError
+
+    try:
+        client = pymongo.MongoClient(uri, serverSelectionTimeoutMS=int(timeout * 1000))
+        client.admin.command("ping")
+        client.close()
+    except ConfigurationError as exc:
+        raise ConfigError(f"{variable}={safe_url(uri)!r} is not a valid URI ({exc})") from None
+    except (PyMongoError, ValueError) as exc:
+        raise ConfigError(
+            f"{variable}: cannot reach {safe_url(uri)} ({str(exc).split(',')[0]}); "
+            "start that server or fix the URI"
+        ) from None
+
+
+def check_blobs(uri: str, endpoint_url: str | None, variable: str = "BLOB_STORE_URI") -> None:
+    from webfarm.blobstore import BlobStoreError, open_blob_store
+
+    try:
+        open_blob_store(uri, endpoint_url=endpoint_url).check()
+    except BlobStoreError as exc:
+        raise ConfigError(f"{variable}: {exc}") from None
+
+
+def preflight(settings: BaseSettings) -> Locations:
+    """Resolve and check every location, one at a time, so a bad ``REDIS_URL`` is
+    reported before an embedded MongoDB is started for nothing. Raises
+    :class:`ConfigError` on the first bad one."""
+    redis = redis_url(settings)
+    check_redis(redis, _where(settings, "REDIS_URL"))
+    mongo = mongo_uri(settings)
+    check_mongo(mongo, _where(settings, "MONGO_URI"))
+    blobs = blob_uri(settings)
+    endpoint = settings.get("AWS_ENDPOINT_URL") or None
+    check_blobs(blobs, endpoint, _where(settings, "BLOB_STORE_URI"))
+    return Locations(redis, mongo, settings.get("MONGO_DATABASE") or "webfarm", blobs, endpoint)
+
+
+def apply(settings: BaseSettings, loc: Locations) -> None:
+    """Pin resolved locations into ``settings`` so components do not resolve them again."""
+    settings.set("REDIS_URL", loc.redis_url, priority="cmdline")
+    settings.set("MONGO_URI", loc.mongo_uri, priority="cmdline")
+    settings.set("BLOB_STORE_URI", loc.blob_uri, priority="cmdline")
+
+
+def safe_url(url: str) -> str:
+    """A URL with its password replaced, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return parts._replace(netloc=netloc).geturl()
+    return url
+
+
+def file_path(uri: str) -> Path:
+    """The folder of a ``file://`` URI."""
+    return Path(urlsplit(uri).path)
