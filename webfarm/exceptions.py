@@ -1,0 +1,39 @@
+"""Outcomes a downloader middleware hands to the frontier instead of acting itself.
+
+Middlewares never talk to Redis about a request's fate: they raise one of these
+and the frontier scheduler, which holds the request's lease, re-queues it with
+backoff or moves it to the dead-letter queue. Both subclass ``IgnoreRequest``,
+so Scrapy treats them as a quiet end of that request.
+"""
+
+from __future__ import annotations
+
+from scrapy.exceptions import IgnoreRequest
+
+
+class DeadLetter(IgnoreRequest):
+    """Give up on this request for good; it goes to the dead-letter queue with ``reason``."""
+
+    def __init__(self, reason: str, *, status: int | None = None, error: str | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+        self.error = error
+
+
+class RetryLater(IgnoreRequest):
+    """Fetch this request again later, through the frontier.
+
+    ``delay`` None means: exponential backoff with full jitter from the attempt
+    count. After ``WEBFARM_RETRY_TIMES`` attempts the request is dead-lettered.
+    """
+
+    def __init__(
+        self, reason: str, *, delay: float | None = None, status: int | None = None,
+        error: str | None = None,
+    ):
+        super().__init__(reason)
+        self.reason = reason
+        self.delay = delay
+        self.status = status
+        self.error = error

@@ -1,0 +1,15 @@
+"""Signals that carry per-host politeness facts to the shared frontier.
+
+A middleware that learns something about a host (robots.txt ``Crawl-delay``, a
+``Retry-After``, a latency sample) sends a signal; the frontier scheduler turns
+it into the host's delay in Redis, which gates every worker. Send with
+``crawler.signals.send_catch_log(signal, **kwargs)``.
+"""
+
+# host: str ("host[:port]" as webfarm.urls.host_of), delay: float seconds, source: str
+# ("robots", "autothrottle", ...). Sets the host's minimum delay between two requests.
+host_delay = object()
+
+# host: str, seconds: float, source: str ("retry-after", ...). No request to the host for
+# at least ``seconds`` from now (does not change its delay afterwards).
+host_defer = object()
