@@ -81,9 +81,9 @@ class Scheduler(RedisScheduler):
 
     def open(self, spider: Spider) -> None:
         super().open(spider)
-        logger.info("Frontier %s on %s (%d queued)", self.queue.key,
-                    self.server.connection_pool.connection_kwargs.get("host", "?"),
-                    len(self.queue))
+        kw = self.server.connection_pool.connection_kwargs
+        logger.info("Frontier %s on redis://%s:%s/%s (%d queued)", self.queue.key,
+                    kw.get("host", "?"), kw.get("port", "?"), kw.get("db", 0), len(self.queue))
 
     def close(self, reason: str) -> None:
         """Never delete shared state when one worker stops."""
