@@ -49,20 +49,44 @@ DOWNLOAD_MAXSIZE = 32 * 1024 * 1024
 DOWNLOAD_WARNSIZE = 8 * 1024 * 1024
 COOKIES_ENABLED = False
 TELNETCONSOLE_ENABLED = False
+# Scrapy 2.19's remote-control HTTP endpoint runs code sent to it: off in a crawler fleet.
+REMOTE_CONTROL_ENABLED = False
 REQUEST_FINGERPRINTER_CLASS = "webfarm.urls.RequestFingerprinter"
 # Query parameters dropped before fingerprinting (empty: webfarm.urls.DEFAULT_TRACKING_PARAMS).
 WEBFARM_STRIP_PARAMS: list[str] = []
 
 # --- the frontier (Redis) ----------------------------------------------------
 SCHEDULER = "webfarm.scheduler.Scheduler"
-SCHEDULER_PERSIST = True  # closing a worker never deletes shared state
-SCHEDULER_QUEUE_CLASS = "scrapy_redis.queue.PriorityQueue"
-SCHEDULER_QUEUE_KEY = "webfarm:{%(spider)s}:requests"
-SCHEDULER_DUPEFILTER_KEY = "webfarm:{%(spider)s}:seen"
-DUPEFILTER_CLASS = "webfarm.dupefilter.RedisDupeFilter"
-SCHEDULER_SERIALIZER = "webfarm.serialize"
+SCHEDULER_QUEUE_CLASS = "webfarm.frontier.Frontier"
+DUPEFILTER_CLASS = "webfarm.dupefilter.BloomDupeFilter"  # or webfarm.dupefilter.SetDupeFilter
+WEBFARM_BLOOM_CAPACITY = 1_000_000  # URLs before the Bloom filter adds a layer
+WEBFARM_BLOOM_ERROR_RATE = 0.001
+# Seconds between two requests to one host, across all workers (robots.txt Crawl-delay,
+# Retry-After and the latency rule can only make it longer).
+WEBFARM_HOST_DELAY = _env_float("WEBFARM_HOST_DELAY", 1.0)
+WEBFARM_LEASE_SECONDS = _env_float("WEBFARM_LEASE_SECONDS", 600.0)
+WEBFARM_RETRY_TIMES = 5  # attempts before a request goes to the dead-letter queue
+WEBFARM_RETRY_BACKOFF_BASE = 2.0  # seconds; full jitter over base * 2**attempt
+WEBFARM_RETRY_BACKOFF_MAX = 600.0
+WEBFARM_FLUSH_INTERVAL = 0.5  # seconds between flushes of buffered links and acks
 # A worker stops after the frontier was empty this long (0 = run forever, for fleets).
 WEBFARM_IDLE_TIMEOUT = _env_float("WEBFARM_IDLE_TIMEOUT", 10.0)
+
+# Retries go through the frontier (backoff, dead-letter queue), not Scrapy's RetryMiddleware.
+RETRY_ENABLED = True
+DOWNLOADER_MIDDLEWARES = {
+    "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
+    "middlewares.retry.FrontierRetryMiddleware": 550,
+}
+# The latency rule runs per host in webfarm.throttle and is shared through Redis;
+# Scrapy's AutoThrottle would only slow this one worker.
+AUTOTHROTTLE_ENABLED = False
+WEBFARM_AUTOTHROTTLE = True
+AUTOTHROTTLE_TARGET_CONCURRENCY = 1.0
+AUTOTHROTTLE_MAX_DELAY = 60.0
+EXTENSIONS = {
+    "webfarm.throttle.HostThrottle": 500,
+}
 
 # --- storage ----------------------------------------------------------------
 ITEM_PIPELINES = {

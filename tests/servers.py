@@ -63,6 +63,7 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)
 
     def start(self, timeout: float = 30.0) -> Server:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.data_dir / f"{self.name}.log"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(

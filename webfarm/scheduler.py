@@ -1,103 +1,397 @@
-"""The frontier scheduler: scrapy-redis's, with webfarm's connection, JSON and lifecycle.
+"""The frontier scheduler: Scrapy's scheduler interface over the shared Redis frontier.
 
-scrapy-redis gives the shared queue and dupefilter. On top: the Redis URL comes
-from :mod:`webfarm.config` (embedded Valkey when unset), queued requests are
-JSON (``webfarm.serialize``), an entry that is not one of our requests is moved
-to the dead-letter list instead of crashing the worker, and a worker stops only
-after the shared queue stayed empty for ``WEBFARM_IDLE_TIMEOUT`` seconds, so it
-does not quit while another worker is still adding links.
+What it adds to a plain scheduler, and why:
+
+* **Leases, not pops.** A request handed to the engine stays leased in Redis
+  until its response went through the spider callback and every item through
+  the pipelines; only then is it acknowledged. A worker killed with ``kill -9``
+  loses nothing: its leases expire and go back to their queues.
+* **One round trip per request.** Links a page yields and finished leases are
+  buffered and travel with the next pop in one Lua call
+  (:meth:`~webfarm.frontier.Frontier.exchange`); a timer flushes them when the
+  engine is not asking.
+* **Outcomes, not actions, from middlewares.** A request that ends in
+  :class:`~webfarm.exceptions.RetryLater` goes back to the frontier with
+  exponential backoff and full jitter (never a sleep); one that ends in
+  :class:`~webfarm.exceptions.DeadLetter`, a failed spider callback, or too
+  many attempts goes to the dead-letter queue with its reason.
+* **Politeness is the frontier's.** Per-host delays from robots.txt, the
+  latency rule and ``Retry-After`` arrive as signals and are stored in Redis,
+  where they gate every worker.
+* **Redis trouble is survivable.** When Redis is unreachable the worker logs
+  one line, keeps what it holds, backs off and reconnects.
+
+Scrapy has no "request finished" hook, so the scheduler wraps the engine's
+``_handle_downloader_output`` — the one place every request's download ends and
+its scraping (callback and pipelines) completes. It is checked at start.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import logging
+import os
+import socket
 import time
+from collections import deque
+from collections.abc import Callable
+from secrets import token_hex
 from typing import Any
 
-from scrapy import Spider, signals
+import redis
+from scrapy import Request, Spider, signals
+from scrapy.core.scheduler import BaseScheduler
 from scrapy.crawler import Crawler
-from scrapy.exceptions import DontCloseSpider
-from scrapy.settings import BaseSettings
-from scrapy_redis.queue import PriorityQueue
-from scrapy_redis.scheduler import Scheduler as RedisScheduler
+from scrapy.exceptions import DontCloseSpider, IgnoreRequest
+from scrapy.statscollectors import StatsCollector
+from twisted.internet import reactor
+from twisted.internet.task import LoopingCall
+from twisted.python.failure import Failure
 
+from webfarm import signals as wf_signals
+from webfarm.exceptions import DeadLetter, RetryLater
+from webfarm.frontier import Entry, Frontier, backoff
+from webfarm.queue import decode_request, open_frontier, request_entry
 from webfarm.redisconn import redis_client
 from webfarm.serialize import SerializationError
 
 logger = logging.getLogger(__name__)
 
-
-def dead_key(spider_name: str) -> str:
-    return f"webfarm:{{{spider_name}}}:dead"
-
-
-class SafePriorityQueue(PriorityQueue):
-    """A priority queue that dead-letters undecodable entries instead of raising."""
-
-    def _decode_request(self, encoded_request: bytes) -> Any:
-        try:
-            return super()._decode_request(encoded_request)
-        except (SerializationError, ValueError, TypeError, AttributeError, KeyError) as exc:
-            reason = f"malformed queue entry: {exc}"
-            logger.error("%s; moved to the dead-letter list %s", reason, dead_key(self.spider.name))
-            entry = {"reason": reason, "raw": encoded_request.decode("utf-8", "replace"),
-                     "at": time.time()}
-            self.server.rpush(dead_key(self.spider.name), json.dumps(entry))
-            return None
+LEASE = "webfarm_lease"
+ATTEMPTS = "webfarm_attempts"
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
+PUSH_BATCH = 200
 
 
-class Scheduler(RedisScheduler):
-    def __init__(self, *args: Any, idle_timeout: float = 10.0, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.idle_timeout = idle_timeout
+class Scheduler(BaseScheduler):
+    def __init__(self, crawler: Crawler, server: redis.Redis) -> None:
+        settings = crawler.settings
+        self.crawler = crawler
+        self.server = server
+        self.stats: StatsCollector | None = crawler.stats
+        self.idle_timeout = settings.getfloat("WEBFARM_IDLE_TIMEOUT", 10.0)
+        self.retry_times = settings.getint("WEBFARM_RETRY_TIMES", 5)
+        self.backoff_base = settings.getfloat("WEBFARM_RETRY_BACKOFF_BASE", 2.0)
+        self.backoff_max = settings.getfloat("WEBFARM_RETRY_BACKOFF_MAX", 600.0)
+        self.flush_interval = settings.getfloat("WEBFARM_FLUSH_INTERVAL", 0.5)
+        self.worker = f"{socket.gethostname()}:{os.getpid()}:{token_hex(3)}"
+        self.frontier: Frontier | None = None
+        self.spider: Spider | None = None
+        self._push: list[Entry] = []
+        self._acks: list[str] = []
+        self._ops: deque[tuple[str, Callable[[], Any]]] = deque()  # retries, dead letters, delays
+        self._inflight: dict[str, Request] = {}
+        self._failed: dict[str, tuple[str, str]] = {}  # lease -> (kind, reason)
+        self._delays: dict[str, dict[str, float]] = {}
+        self._next_poll = 0.0
+        self._wake_call: Any = None
         self._empty_since: float | None = None
-
-    @classmethod
-    def from_settings(cls, settings: BaseSettings) -> Scheduler:
-        kwargs: dict[str, Any] = {
-            "persist": True,
-            "flush_on_start": settings.getbool("SCHEDULER_FLUSH_ON_START"),
-            "queue_key": settings.get("SCHEDULER_QUEUE_KEY"),
-            "queue_cls": settings.get("SCHEDULER_QUEUE_CLASS"),
-            "dupefilter_key": settings.get("SCHEDULER_DUPEFILTER_KEY"),
-            "dupefilter_cls": settings.get("DUPEFILTER_CLASS"),
-            "serializer": importlib.import_module(settings.get("SCHEDULER_SERIALIZER")),
-            "idle_timeout": settings.getfloat("WEBFARM_IDLE_TIMEOUT", 10.0),
-        }
-        if kwargs["queue_cls"] == "scrapy_redis.queue.PriorityQueue":
-            kwargs["queue_cls"] = "webfarm.scheduler.SafePriorityQueue"
-        server = redis_client(settings)
-        server.ping()
-        return cls(server=server, **kwargs)
+        self._redis_down_since: float | None = None
+        self._redis_retry_at = 0.0
+        self._redis_failures = 0
+        self._loop: LoopingCall | None = None
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Scheduler:
-        scheduler = cls.from_settings(crawler.settings)
-        scheduler.stats = crawler.stats
-        crawler.signals.connect(scheduler.spider_idle, signal=signals.spider_idle)
+        server = redis_client(crawler.settings)
+        server.ping()
+        scheduler = cls(crawler, server)
+        connect = crawler.signals.connect
+        connect(scheduler.spider_idle, signal=signals.spider_idle)
+        connect(scheduler.item_error, signal=signals.item_error)
+        connect(scheduler.spider_error, signal=signals.spider_error)
+        connect(scheduler.host_delay, signal=wf_signals.host_delay)
+        connect(scheduler.host_defer, signal=wf_signals.host_defer)
         return scheduler
 
+    # -- lifecycle --------------------------------------------------------------------------
+
     def open(self, spider: Spider) -> None:
-        super().open(spider)
+        self.spider = spider
+        self.frontier = open_frontier(self.crawler.settings, spider.name, self.server)
+        if self.crawler.settings.getbool("SCHEDULER_FLUSH_ON_START"):
+            deleted = self.frontier.reset()
+            logger.warning("SCHEDULER_FLUSH_ON_START: wiped the frontier (%d keys)", deleted)
+        self._hook_engine()
+        self._loop = LoopingCall(self._tick)
+        self._loop.start(self.flush_interval, now=False)
+        counts = self.frontier.counts()
         kw = self.server.connection_pool.connection_kwargs
-        logger.info("Frontier %s on redis://%s:%s/%s (%d queued)", self.queue.key,
-                    kw.get("host", "?"), kw.get("port", "?"), kw.get("db", 0), len(self.queue))
+        logger.info(
+            "Frontier %s on redis://%s:%s/%s as worker %s: %d queued, %d delayed, %d leased",
+            self.frontier.prefix, kw.get("host", "?"), kw.get("port", "?"), kw.get("db", 0),
+            self.worker, counts["queued"], counts["delayed"], counts["leased"],
+        )
 
     def close(self, reason: str) -> None:
-        """Never delete shared state when one worker stops."""
+        """Flush what is held and give back unfinished leases at once; delete nothing."""
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        if self._wake_call is not None and self._wake_call.active():
+            self._wake_call.cancel()
+        try:
+            self._flush(force=True)
+            released = self.frontier.release_worker(self.worker) if self.frontier else 0
+        except REDIS_ERRORS as exc:
+            logger.error("Redis unreachable while closing (%s): %d leases will expire and "
+                         "return to the frontier by themselves", exc, len(self._inflight))
+            return
+        if released:
+            logger.info("Gave back %d unfinished leases", released)
+            self._inc("webfarm/frontier/released", released)
+
+    def _hook_engine(self) -> None:
+        engine = self.crawler.engine
+        original = getattr(engine, "_handle_downloader_output", None)
+        if original is None:  # pragma: no cover - guards a Scrapy upgrade
+            raise RuntimeError("this Scrapy has no engine._handle_downloader_output; "
+                               "webfarm.scheduler needs updating for it")
+
+        def handle_downloader_output(result: Any, request: Request) -> Any:
+            d = original(result, request)
+            d.addBoth(self._finished_passthrough, request, result)
+            return d
+
+        engine._handle_downloader_output = handle_downloader_output
+
+    # -- the scheduler interface ------------------------------------------------------------
+
+    def has_pending_requests(self) -> bool:
+        return bool(self._push)
+
+    def __len__(self) -> int:
+        return len(self._push)
+
+    def enqueue_request(self, request: Request) -> bool:
+        # A request coming back from the downloader (a redirect) carries its parent's
+        # lease; the parent is acknowledged when its download finishes, not here.
+        request.meta.pop(LEASE, None)
+        request.meta.pop(ATTEMPTS, None)
+        try:
+            entry = request_entry(request, self.spider, self.crawler.request_fingerprinter)
+        except SerializationError as exc:
+            logger.error("Cannot queue %s: %s", request, exc)
+            self._inc("webfarm/frontier/unserializable")
+            return False
+        self._push.append(entry)
+        if len(self._push) >= PUSH_BATCH:
+            self._flush()
+        return True
+
+    def next_request(self) -> Request | None:
+        now = time.monotonic()
+        if self._redis_down_since is not None and now < self._redis_retry_at:
+            return None
+        if now < self._next_poll and not self._push:
+            return None
+        for _ in range(10):  # a few malformed entries in a row are dead-lettered, then retry
+            exchange = self._exchange(pop=1)
+            if exchange is None:
+                return None
+            if not exchange.popped:
+                self._idle_until(exchange.ready_in)
+                return None
+            popped = exchange.popped[0]
+            try:
+                request = decode_request(popped.payload, self.spider)
+            except SerializationError as exc:
+                reason = f"malformed frontier entry: {exc}"
+                logger.error("%s (lease %s); moved to the dead-letter queue", reason,
+                             popped.lease_id)
+                self._inc("webfarm/frontier/malformed")
+                self._op("dead", lambda p=popped, r=reason: self.frontier.dead(p.lease_id, r))
+                continue
+            request.meta[LEASE] = popped.lease_id
+            request.meta[ATTEMPTS] = popped.attempts
+            self._inflight[popped.lease_id] = request
+            self._inc("webfarm/frontier/dequeued")
+            return request
+        return None
+
+    # -- completion of a request ------------------------------------------------------------
+
+    def _finished_passthrough(self, passthrough: Any, request: Request, result: Any) -> Any:
+        try:
+            self.finished(request, result)
+        except Exception:  # never break the engine's callback chain
+            logger.exception("Error while finishing %s", request)
+        return passthrough
+
+    def finished(self, request: Request, result: Any) -> None:
+        """Acknowledge, retry or dead-letter the lease of a request that is done."""
+        lease = request.meta.get(LEASE)
+        if not lease or self._inflight.pop(lease, None) is None:
+            return
+        failed = self._failed.pop(lease, None)
+        exc = result.value if isinstance(result, Failure) else None
+        if isinstance(exc, DeadLetter):
+            self._dead(lease, request, exc.reason, exc.status, exc.error)
+        elif isinstance(exc, RetryLater):
+            self._retry(lease, request, exc.reason, exc.delay, exc.status, exc.error)
+        elif isinstance(exc, IgnoreRequest):
+            self._acks.append(lease)  # robots.txt, offsite...: a normal end
+            self._inc("webfarm/frontier/acked")
+        elif exc is not None:
+            error = f"{type(exc).__name__}: {exc}"
+            self._retry(lease, request, f"download failed: {error}", None, None, error)
+        elif failed is not None and failed[0] == "spider":
+            self._dead(lease, request, failed[1], None, None)
+        elif failed is not None:
+            self._retry(lease, request, failed[1], None, None, None)
+        else:
+            self._acks.append(lease)
+            self._inc("webfarm/frontier/acked")
+
+    def item_error(self, item: Any, response: Any, spider: Spider, failure: Failure) -> None:
+        lease = getattr(response, "meta", {}).get(LEASE) if response is not None else None
+        if lease:
+            self._failed.setdefault(lease, ("item", f"item pipeline failed: {failure.value!r}"))
+
+    def spider_error(self, failure: Failure, response: Any, spider: Spider) -> None:
+        lease = getattr(response, "meta", {}).get(LEASE) if response is not None else None
+        if lease:
+            reason = f"spider callback failed: {type(failure.value).__name__}: {failure.value}"
+            self._failed[lease] = ("spider", reason)
+
+    def _retry(self, lease: str, request: Request, reason: str, delay: float | None,
+               status: int | None, error: str | None) -> None:
+        attempts = int(request.meta.get(ATTEMPTS, 0)) + 1
+        if attempts >= self.retry_times:
+            self._dead(lease, request, f"gave up after {attempts} attempts: {reason}", status,
+                       error)
+            return
+        wait = delay if delay is not None else backoff(attempts - 1, self.backoff_base,
+                                                       self.backoff_max)
+        logger.debug("Retrying %s in %.1fs (attempt %d): %s", request, wait, attempts, reason)
+        self._inc("webfarm/frontier/retried")
+        self._op("retry", lambda: self.frontier.retry(lease, wait, reason))
+
+    def _dead(self, lease: str, request: Request, reason: str, status: int | None,
+              error: str | None) -> None:
+        logger.warning("Dead-lettered %s: %s", request, reason)
+        self._inc("webfarm/frontier/dead")
+        self._op("dead", lambda: self.frontier.dead(lease, reason, status=status, error=error))
+
+    # -- politeness -------------------------------------------------------------------------
+
+    def host_delay(self, host: str, delay: float, source: str = "", **kwargs: Any) -> None:
+        """Keep each source's delay per host; the frontier gets the largest."""
+        sources = self._delays.setdefault(host, {})
+        before = max(sources.values(), default=None)
+        sources[source] = float(delay)
+        after = max(sources.values())
+        if before is None or abs(after - before) > 0.05 * max(before, 0.01):
+            self._op("delay", lambda: self.frontier.set_delay(host, after))
+
+    def host_defer(self, host: str, seconds: float, source: str = "", **kwargs: Any) -> None:
+        self._inc("webfarm/frontier/deferred")
+        self._op("defer", lambda: self.frontier.defer_host(host, seconds))
+
+    # -- talking to Redis -------------------------------------------------------------------
+
+    def _op(self, name: str, call: Callable[[], Any]) -> None:
+        """Run a frontier call now, or keep it for when Redis is back."""
+        self._ops.append((name, call))
+        self._run_ops()
+
+    def _run_ops(self) -> None:
+        if self._redis_down_since is not None and time.monotonic() < self._redis_retry_at:
+            return
+        # Pushes and acks first, so a retried parent never lands before its children.
+        if (self._push or self._acks) and self._exchange(pop=0) is None:
+            return
+        while self._ops:
+            _, call = self._ops[0]
+            try:
+                call()
+            except REDIS_ERRORS as exc:
+                self._redis_error(exc)
+                return
+            self._ops.popleft()
+        self._redis_ok()
+
+    def _exchange(self, pop: int) -> Any:
+        push, acks = self._push, self._acks
+        try:
+            result = self.frontier.exchange(self.worker, push=push, ack=acks, pop=pop)
+        except REDIS_ERRORS as exc:
+            self._redis_error(exc)
+            return None
+        self._push, self._acks = [], []
+        self._redis_ok()
+        added = sum(result.enqueued)
+        self._inc("webfarm/frontier/enqueued", added)
+        self._inc("webfarm/frontier/duplicates", len(push) - added)
+        return result
+
+    def _flush(self, force: bool = False) -> None:
+        if force:
+            self._redis_retry_at = 0.0
+        if self._push or self._acks:
+            self._exchange(pop=0)
+        if self._ops:
+            self._run_ops()
+
+    def _tick(self) -> None:
+        self._flush()
+
+    def _redis_error(self, exc: Exception) -> None:
+        now = time.monotonic()
+        self._redis_failures += 1
+        wait = min(30.0, 0.5 * 2 ** min(self._redis_failures, 6))
+        self._redis_retry_at = now + wait
+        if self._redis_down_since is None:
+            self._redis_down_since = now
+            logger.error(
+                "Redis unreachable (%s); holding %d links, %d acks, %d other operations and "
+                "%d in-flight leases, retrying with backoff", exc, len(self._push),
+                len(self._acks), len(self._ops), len(self._inflight),
+            )
+            self._inc("webfarm/frontier/redis_outages")
+
+    def _redis_ok(self) -> None:
+        if self._redis_down_since is not None:
+            logger.info("Redis reachable again after %.1fs",
+                        time.monotonic() - self._redis_down_since)
+            self._redis_down_since = None
+        self._redis_failures = 0
+
+    def _idle_until(self, ready_in: float | None) -> None:
+        """Nothing ready: ask again when the frontier says, at most a second from now
+        (another worker may push meanwhile)."""
+        wait = 1.0 if ready_in is None else min(max(ready_in, 0.01), 1.0)
+        self._next_poll = time.monotonic() + wait
+        if self._wake_call is None or not self._wake_call.active():
+            self._wake_call = reactor.callLater(wait, self._wake)
+
+    def _wake(self) -> None:
+        slot = getattr(self.crawler.engine, "_slot", None)
+        if slot is not None:
+            slot.nextcall.schedule()
+
+    # -- closing when there is nothing left -------------------------------------------------
 
     def spider_idle(self, spider: Spider) -> None:
-        """Keep the worker until the shared queue stayed empty for ``idle_timeout``."""
-        if self.idle_timeout <= 0:
+        """Keep the worker until the whole frontier (every worker's share) stayed empty
+        for ``WEBFARM_IDLE_TIMEOUT`` seconds; 0 keeps it forever."""
+        self._flush()
+        if self.idle_timeout <= 0 or self._redis_down_since is not None or self._push:
             raise DontCloseSpider
-        if len(self.queue) > 0:
+        try:
+            idle = self.frontier.is_idle()
+        except REDIS_ERRORS as exc:
+            self._redis_error(exc)
+            raise DontCloseSpider from None
+        if not idle:
             self._empty_since = None
             raise DontCloseSpider
         now = time.monotonic()
         if self._empty_since is None:
             self._empty_since = now
         if now - self._empty_since < self.idle_timeout:
+            self._idle_until(min(1.0, self.idle_timeout))
             raise DontCloseSpider
         logger.info("Frontier empty for %.0fs: closing this worker", now - self._empty_since)
+
+    def _inc(self, key: str, count: int = 1) -> None:
+        if self.stats is not None and count:
+            self.stats.inc_value(key, count)

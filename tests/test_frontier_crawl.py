@@ -1,0 +1,197 @@
+"""The frontier under real crawls: politeness, leases, crashes, retries, Redis loss."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pymongo
+import pytest
+import redis
+from scrapy.settings import Settings
+
+from tests import runner, servers
+from tests.testweb import Response, TestWeb
+from webfarm.queue import open_frontier
+from webfarm.urls import canonical_url, host_of
+
+
+@pytest.fixture(scope="module")
+def small_web():
+    """A small shop of its own (26 pages, 14 distinct bodies) on 127.0.0.4."""
+    with TestWeb(hosts=("127.0.0.4",), categories=2, products_per_category=5) as web:
+        yield web
+
+
+@pytest.fixture()
+def shop(small_web):
+    small_web.clear_hits()
+    small_web.clear_routes()
+    return small_web
+
+
+@pytest.fixture()
+def stores(redis_url, mongo_uri, mongo_db_name, tmp_path):
+    return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db_name,
+            "BLOB_STORE_URI": (tmp_path / "blobs").as_uri()}
+
+
+def frontier_of(redis_url: str):
+    settings = Settings({"DUPEFILTER_CLASS": "webfarm.dupefilter.BloomDupeFilter",
+                         "SCHEDULER_QUEUE_CLASS": "webfarm.frontier.Frontier"})
+    return open_frontier(settings, "generic", redis.Redis.from_url(redis_url))
+
+
+def stored(stores) -> list[str]:
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    return [doc["url"] for doc in db.pages.find()]
+
+
+def wait_until(check, timeout: float, what: str) -> None:
+    servers.wait_for(check, timeout, what)
+
+
+def page_hits(web, base):
+    return [h for h in web.hits_for(host=base) if h.path != "/robots.txt"]
+
+
+def test_two_workers_keep_the_host_delay_at_the_server(shop, stores, tmp_path):
+    base = shop.base_urls[0]
+    delay = 0.4
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY=str(delay), WEBFARM_IDLE_TIMEOUT="2")
+    procs = [
+        runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, tmp_path / "a.log"),
+        runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, tmp_path / "b.log"),
+    ]
+    assert [p.wait(180) for p in procs] == [0, 0]
+    hits = sorted(h.monotonic for h in page_hits(shop, base))
+    gaps = [b - a for a, b in zip(hits, hits[1:], strict=False)]
+    assert len(hits) == len(shop.expected_pages(base))  # every page once, none twice
+    # Measured at the server; a few ms of jitter between hand-out and arrival is allowed.
+    assert min(gaps) >= delay * 0.9, sorted(gaps)[:5]
+    dequeued = [json_stat(tmp_path / log, "webfarm/frontier/dequeued") for log in ("a.log",
+                                                                                   "b.log")]
+    assert all(n > 0 for n in dequeued), dequeued  # both workers took part
+    assert set(stored(stores)) == shop.expected_pages(base)
+
+
+def json_stat(log_path, name: str) -> int:
+    text = log_path.read_text()
+    for line in text.splitlines():
+        if f"'{name}':" in line:
+            return int(line.split(":")[-1].strip().rstrip(",}"))
+    return 0
+
+
+def test_kill_9_loses_nothing(shop, stores, tmp_path):
+    base = shop.base_urls[0]
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0.15", WEBFARM_LEASE_SECONDS="3",
+                         WEBFARM_IDLE_TIMEOUT="2")
+    first = runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, tmp_path / "a.log")
+    wait_until(lambda: len(page_hits(shop, base)) >= 8, 60, "the first worker fetching pages")
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    frontier = frontier_of(stores["REDIS_URL"])
+    counts = frontier.counts()
+    assert counts["leased"] + counts["queued"] > 0  # work was left mid-crawl
+    second = runner.scrapy(["crawl", "generic", "-a", f"domains={host_of(base)}"], env,
+                           timeout=180)
+    assert second.returncode == 0, second.output[-2000:]
+    urls = stored(stores)
+    assert len(urls) == len(set(urls))
+    assert set(urls) == shop.expected_pages(base)
+    after = frontier.counts()
+    assert (after["queued"], after["leased"], after["delayed"], after["dead"]) == (0, 0, 0, 0)
+
+
+def test_sigterm_gives_leases_back_at_once(shop, stores, tmp_path):
+    base = shop.base_urls[0]
+
+    def slow(info):
+        time.sleep(1.0)
+        return None  # then the catalogue answers
+
+    shop.route("/product/", slow, prefix=True)
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0", WEBFARM_LEASE_SECONDS="600")
+    worker = runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, tmp_path / "a.log")
+    frontier = frontier_of(stores["REDIS_URL"])
+    wait_until(lambda: frontier.counts()["leased"] >= 2, 60, "leases held by the worker")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(60) == 0
+    assert frontier.counts()["leased"] == 0  # not after 600 s: now
+    shop.clear_routes()
+    done = runner.scrapy(["crawl", "generic", "-a", f"domains={host_of(base)}"], env,
+                         timeout=180)
+    assert done.returncode == 0, done.output[-2000:]
+    assert set(stored(stores)) == shop.expected_pages(base)
+
+
+def test_retries_back_off_then_dead_letter(shop, stores, tmp_path):
+    base = shop.base_urls[0]
+    flaky_calls = []
+
+    def flaky(info):
+        flaky_calls.append(time.monotonic())
+        return Response(503, {"Content-Type": "text/plain"}, b"busy") if len(flaky_calls) <= 2 \
+            else None
+
+    shop.route("/product/WF01-0002", flaky)
+    shop.route("/product/WF01-0003", Response(500, {"Content-Type": "text/plain"}, b"broken"))
+    env = runner.env_for(**stores, WEBFARM_IDLE_TIMEOUT="3")
+    result = runner.scrapy(["crawl", "generic", "-a", f"start={base}/",
+                            "-s", "WEBFARM_RETRY_TIMES=3", "-s", "WEBFARM_RETRY_BACKOFF_BASE=0.2"],
+                           env, timeout=180)
+    assert result.returncode == 0, result.output[-2000:]
+    urls = set(stored(stores))
+    assert f"{base}/product/WF01-0002" in urls  # recovered after two 503s
+    assert f"{base}/product/WF01-0003" not in urls
+    assert len(shop.hits_for(host=base, path="/product/WF01-0003")) == 3
+    letters = frontier_of(stores["REDIS_URL"]).dead_letters()
+    assert len(letters) == 1
+    letter = letters[0]
+    assert "HTTP 500" in letter["reason"] and "3 attempts" in letter["reason"]
+    assert int(letter["status"]) == 500 and int(letter["attempts"]) >= 2
+    assert canonical_url(json.loads(letter["payload"])["url"]) == f"{base}/product/WF01-0003"
+
+
+def test_malformed_entry_is_dead_lettered_not_run(shop, stores, tmp_path):
+    from webfarm.frontier import Entry
+
+    base = shop.base_urls[0]
+    frontier = frontier_of(stores["REDIS_URL"])
+    host = host_of(base)
+    frontier.push([
+        Entry(host, 10, b"x" * 20, '{"url": "http://x/", "_class": "os.system"}'),
+        Entry(host, 10, b"y" * 20, "\x80 not json"),
+    ])
+    env = runner.env_for(**stores, WEBFARM_IDLE_TIMEOUT="2")
+    result = runner.scrapy(["crawl", "generic", "-a", f"start={base}/"], env, timeout=180)
+    assert result.returncode == 0, result.output[-2000:]
+    assert set(stored(stores)) == shop.expected_pages(base)
+    reasons = sorted(letter["reason"] for letter in frontier.dead_letters())
+    assert len(reasons) == 2 and all("malformed frontier entry" in r for r in reasons)
+
+
+@pytest.fixture()
+def own_valkey(tmp_path):
+    server = servers.valkey(tmp_path / "valkey").start()
+    yield server
+    server.stop()
+
+
+def test_redis_outage_mid_crawl_loses_nothing(shop, stores, own_valkey, tmp_path):
+    base = shop.base_urls[0]
+    stores = {**stores, "REDIS_URL": own_valkey.url}
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0.2", WEBFARM_IDLE_TIMEOUT="3")
+    worker = runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, tmp_path / "a.log")
+    wait_until(lambda: len(page_hits(shop, base)) >= 5, 60, "the worker fetching pages")
+    own_valkey.stop()
+    time.sleep(3)
+    own_valkey.start()
+    assert worker.wait(180) == 0
+    log = (tmp_path / "a.log").read_text()
+    assert log.count("Redis unreachable") >= 1 and "Redis reachable again" in log
+    assert "Traceback" not in log
+    urls = stored(stores)
+    assert len(urls) == len(set(urls)) and set(urls) == shop.expected_pages(base)

@@ -1,0 +1,82 @@
+"""Between Scrapy requests and frontier entries, and how a frontier is opened from settings.
+
+Commands (``scrapy seed``, ``scrapy frontier``, ``scrapy dlq``) and the
+scheduler all open a spider's frontier through :func:`open_frontier`, so they
+agree on keys, delays and the dupefilter mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from scrapy import Request, Spider
+from scrapy.settings import BaseSettings
+from scrapy.utils.misc import load_object
+from scrapy.utils.request import request_from_dict
+
+from webfarm import serialize
+from webfarm.frontier import Entry, Frontier
+from webfarm.redisconn import redis_client
+from webfarm.urls import host_of
+
+DUPEFILTER_MODES = {"bloom", "set"}
+
+
+def dupefilter_mode(settings: BaseSettings) -> str:
+    """``bloom`` or ``set``, from ``DUPEFILTER_CLASS`` (the familiar switch)."""
+    path = settings.get("DUPEFILTER_CLASS") or "webfarm.dupefilter.BloomDupeFilter"
+    mode = getattr(load_object(path), "mode", None)
+    if mode not in DUPEFILTER_MODES:
+        raise ValueError(
+            f"DUPEFILTER_CLASS={path!r} cannot run inside the frontier; use "
+            "webfarm.dupefilter.BloomDupeFilter (large crawls) or "
+            "webfarm.dupefilter.SetDupeFilter (exact, small crawls)"
+        )
+    return mode
+
+
+def open_frontier(
+    settings: BaseSettings, spider_name: str, server: redis.Redis | None = None
+) -> Frontier:
+    """The frontier of ``spider_name`` as every worker of the deployment sees it.
+
+    ``SCHEDULER_QUEUE_CLASS`` names the frontier class (a :class:`Frontier` subclass).
+    """
+    cls = load_object(settings.get("SCHEDULER_QUEUE_CLASS") or Frontier)
+    if not (isinstance(cls, type) and issubclass(cls, Frontier)):
+        raise ValueError(
+            f"SCHEDULER_QUEUE_CLASS={settings.get('SCHEDULER_QUEUE_CLASS')!r} is not a "
+            "webfarm.frontier.Frontier; the webfarm scheduler needs one"
+        )
+    return cls(
+        server if server is not None else redis_client(settings),
+        spider_name,
+        lease_seconds=settings.getfloat("WEBFARM_LEASE_SECONDS", 600.0),
+        default_delay=settings.getfloat("WEBFARM_HOST_DELAY", 1.0),
+        dupefilter=dupefilter_mode(settings),
+        bloom_capacity=settings.getint("WEBFARM_BLOOM_CAPACITY", 1_000_000),
+        bloom_error_rate=settings.getfloat("WEBFARM_BLOOM_ERROR_RATE", 0.001),
+    )
+
+
+def request_entry(request: Request, spider: Spider | None, fingerprinter: Any) -> Entry:
+    """A frontier entry for ``request``: politeness host, priority, fingerprint, JSON."""
+    payload = serialize.dumps(request.to_dict(spider=spider))
+    return Entry(
+        host=host_of(request.url),
+        priority=int(request.priority),
+        fingerprint=fingerprinter.fingerprint(request),
+        payload=payload,
+        dont_filter=bool(request.dont_filter),
+    )
+
+
+def decode_request(payload: str | bytes, spider: Spider | None) -> Request:
+    """A request back from a frontier payload; raises ``SerializationError`` (or the
+    errors of ``request_from_dict``) for anything that is not one of ours."""
+    data = serialize.loads(payload)
+    try:
+        return request_from_dict(data, spider=spider)
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        raise serialize.SerializationError(f"not a request of this spider: {exc}") from None

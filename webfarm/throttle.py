@@ -1,0 +1,63 @@
+"""AutoThrottle's latency rule, per host, shared by every worker.
+
+Scrapy's AutoThrottle slows one worker's download slot; ten workers would
+still hit a slow site ten times as hard. Here each response's latency moves
+the host's delay by the same rule (target = latency / target concurrency;
+new = mean of old and target; never below the base delay or above the maximum;
+errors never lower it) and the result is sent as a ``host_delay`` signal, which
+the frontier scheduler stores in Redis where it gates every worker.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from scrapy import Request, Spider, signals
+from scrapy.crawler import Crawler
+from scrapy.exceptions import NotConfigured
+from scrapy.http import Response
+
+from webfarm import signals as wf_signals
+from webfarm.urls import host_of
+
+logger = logging.getLogger(__name__)
+
+
+class HostThrottle:
+    def __init__(self, crawler: Crawler) -> None:
+        settings = crawler.settings
+        if not settings.getbool("WEBFARM_AUTOTHROTTLE", True):
+            raise NotConfigured
+        self.crawler = crawler
+        self.min_delay = settings.getfloat("WEBFARM_HOST_DELAY", 1.0)
+        self.max_delay = settings.getfloat("AUTOTHROTTLE_MAX_DELAY", 60.0)
+        self.target = settings.getfloat("AUTOTHROTTLE_TARGET_CONCURRENCY", 1.0)
+        if self.target <= 0:
+            raise NotConfigured("AUTOTHROTTLE_TARGET_CONCURRENCY must be > 0")
+        self.delays: dict[str, float] = {}
+        crawler.signals.connect(self.response_received, signal=signals.response_received)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> HostThrottle:
+        return cls(crawler)
+
+    def response_received(self, response: Response, request: Request, spider: Spider) -> None:
+        latency = request.meta.get("download_latency")
+        if latency is None or request.meta.get("autothrottle_dont_adjust_delay"):
+            return
+        host = host_of(request.url)
+        first = host not in self.delays
+        old = self.delays.get(host, self.min_delay)
+        target = latency / self.target
+        new = max(target, (old + target) / 2.0)
+        new = min(max(self.min_delay, new), self.max_delay)
+        if response.status != 200 and new <= old:
+            return  # an error page is fast; it must not speed the crawl up
+        self.delays[host] = new
+        if first or abs(new - old) > 0.05 * old:
+            self.crawler.signals.send_catch_log(
+                wf_signals.host_delay, host=host, delay=new, source="autothrottle"
+            )
+        if self.crawler.stats is not None:
+            self.crawler.stats.set_value("webfarm/throttle/max_delay",
+                                         max(self.delays.values()))
