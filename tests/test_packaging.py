@@ -27,7 +27,9 @@ def test_scrapyd_deploy_builds_a_complete_egg(tmp_path):
         assert z.read("EGG-INFO/entry_points.txt").decode().split() == [
             "[scrapy]", "settings", "=", "settings"]
     for needed in ("settings/base.py", "spiders/generic.py", "pipelines/index.py",
-                   "webfarm/scheduler.py", "webfarm/commands/crawl.py"):
+                   "webfarm/scheduler.py", "webfarm/commands/crawl.py",
+                   "webfarm/frontier/scripts/ops.lua", "webfarm/frontier/scripts/common.lua",
+                   "webfarm/frontier/scripts/bloom.lua"):
         assert needed in names, needed
     assert not any(n.startswith("tests/") for n in names)
 

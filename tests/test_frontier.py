@@ -1,0 +1,379 @@
+"""The Redis frontier against a real Valkey: order, politeness, leases, retries, DLQ, counts."""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import time
+
+import pytest
+import redis
+
+from webfarm.frontier import Entry, Frontier, backoff
+
+
+def fp(text: str) -> bytes:
+    return hashlib.sha1(text.encode()).digest()
+
+
+def entry(host: str, name: str, priority: int = 0, dont_filter: bool = False) -> Entry:
+    return Entry(
+        host, priority, fp(host + name), json.dumps({"url": f"http://{host}/{name}"}), dont_filter
+    )
+
+
+def url(popped) -> str:
+    return json.loads(popped.payload)["url"]
+
+
+@pytest.fixture()
+def client(redis_url: str):
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
+
+
+@pytest.fixture()
+def frontier(client: redis.Redis) -> Frontier:
+    return Frontier(client, "spider", default_delay=0)
+
+
+def drain(f: Frontier, worker: str = "w") -> list[str]:
+    out = []
+    while (p := f.pop(worker)) is not None:
+        out.append(url(p))
+    return out
+
+
+def wait_until(check, timeout: float = 5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+def test_priority_then_fifo(frontier: Frontier) -> None:
+    names = [("a", 0), ("b", 5), ("c", 0), ("d", 5), ("e", -3), ("f", 1), ("g", 0)]
+    assert frontier.push([entry("h.test", n, p) for n, p in names]) == [True] * len(names)
+    assert drain(frontier) == [f"http://h.test/{n}" for n in "bdfacge"]
+
+
+def test_a_throttled_host_does_not_block_others(client: redis.Redis) -> None:
+    f = Frontier(client, "spider", default_delay=0.4)
+    f.push([entry("slow.test", "1"), entry("slow.test", "2"), entry("fast.test", "1")])
+    f.set_delay("fast.test", 0)
+    started = time.monotonic()
+    hosts = {f.pop("w").host, f.pop("w").host}
+    assert hosts == {"slow.test", "fast.test"}
+    assert f.pop("w") is None  # slow.test must wait its delay
+    assert f.last_ready_in is not None and 0.2 < f.last_ready_in <= 0.4
+    third = wait_until(lambda: f.pop("w"))
+    assert third.host == "slow.test" and time.monotonic() - started >= 0.3
+
+
+def test_delay_is_shared_by_workers_and_survives_an_empty_queue(redis_url: str) -> None:
+    one = Frontier(redis.Redis.from_url(redis_url), "spider", default_delay=0)
+    two = Frontier(redis.Redis.from_url(redis_url), "spider", default_delay=0)
+    one.set_delay("h.test", 0.5)
+    assert two.get_delay("h.test") == 0.5 and two.get_delay("other.test") == 0
+    one.push([entry("h.test", "1")])
+    assert one.pop("w1") is not None
+    # The queue is empty now; a new link still waits for the delay, for every worker.
+    two.push([entry("h.test", "2")])
+    t0 = time.monotonic()
+    assert two.pop("w2") is None and one.pop("w1") is None
+    assert two.host_stats()[0]["next_allowed_in"] > 0.3
+    assert wait_until(lambda: two.pop("w2")) is not None
+    assert time.monotonic() - t0 > 0.35
+
+
+def test_longer_delay_pushes_back_the_pending_slot(frontier: Frontier) -> None:
+    frontier.set_delay("h.test", 0.1)
+    frontier.push([entry("h.test", "1"), entry("h.test", "2")])
+    t0 = time.monotonic()
+    assert frontier.pop("w") is not None
+    frontier.set_delay("h.test", 0.6)  # e.g. robots.txt Crawl-delay learned after a fetch
+    time.sleep(0.2)
+    assert frontier.pop("w") is None
+    wait_until(lambda: frontier.pop("w"))
+    assert time.monotonic() - t0 >= 0.5
+
+
+def test_defer_host_only_moves_later(frontier: Frontier) -> None:
+    frontier.push([entry("a.test", "1"), entry("b.test", "1")])
+    frontier.defer_host("a.test", 0.4)
+    frontier.defer_host("a.test", 0.05)  # max(current, now + x): not earlier
+    t0 = time.monotonic()
+    assert frontier.pop("w").host == "b.test"
+    assert frontier.pop("w") is None
+    assert 0.25 < frontier.next_ready_in() <= 0.4
+    assert wait_until(lambda: frontier.pop("w")).host == "a.test"
+    assert time.monotonic() - t0 >= 0.35
+    frontier.defer_host("c.test", 0.3)  # before its first link arrives
+    frontier.push([entry("c.test", "1")])
+    assert frontier.pop("w") is None
+
+
+def test_lease_expiry_gives_the_entry_back(client: redis.Redis) -> None:
+    f = Frontier(client, "spider", default_delay=0, lease_seconds=0.2)
+    f.push([entry("h.test", "1")])
+    first = f.pop("dead-worker")
+    assert f.counts()["leased"] == 1 and f.pop("w2") is None
+    again = wait_until(lambda: f.pop("w2"))
+    assert again.payload == first.payload and again.lease_id != first.lease_id
+    assert again.attempts == 0
+    assert f.ack([first.lease_id]) == 0  # the stale lease is gone
+    assert f.ack([again.lease_id]) == 1
+    c = f.counts()
+    assert (c["queued"], c["leased"], c["expired"]) == (0, 0, 1)
+
+
+def test_ack_forgets_for_good(client: redis.Redis) -> None:
+    f = Frontier(client, "spider", default_delay=0, lease_seconds=0.1)
+    f.push([entry("h.test", "1"), entry("h.test", "2")])
+    leases = [f.pop("w").lease_id, f.pop("w").lease_id]
+    assert f.ack(leases) == 2 and f.ack(leases) == 0
+    time.sleep(0.15)
+    assert f.pop("w") is None and f.is_idle()
+    assert client.hlen(f.key("lease")) == 0
+
+
+def test_release_and_release_worker_give_back_at_once(frontier: Frontier) -> None:
+    frontier.push([entry("h.test", str(i), priority=i) for i in range(4)])
+    mine = [frontier.pop("w1") for _ in range(3)]
+    other = frontier.pop("w2")
+    assert [url(p)[-1] for p in mine + [other]] == ["3", "2", "1", "0"]
+    assert frontier.release([mine[0].lease_id]) == 1
+    assert frontier.release([mine[0].lease_id]) == 0
+    assert frontier.counts()["queued"] == 1
+    assert frontier.release_worker("w1") == 2
+    assert frontier.counts()["leased"] == 1  # w2 keeps its lease
+    back = drain(frontier, "w3")
+    assert [u[-1] for u in back] == ["3", "2", "1"]  # same priorities, same order
+
+
+def test_retry_waits_then_returns_with_attempts(frontier: Frontier) -> None:
+    frontier.push([entry("h.test", "1")])
+    p = frontier.pop("w")
+    assert frontier.retry(p.lease_id, 0.3, "http 503")
+    assert not frontier.retry(p.lease_id, 0.3, "http 503")  # lease no longer held
+    c = frontier.counts()
+    assert (c["delayed"], c["leased"], c["queued"], c["retried"]) == (1, 0, 0, 1)
+    assert not frontier.is_idle()
+    t0 = time.monotonic()
+    assert frontier.pop("w") is None and 0.1 < frontier.last_ready_in <= 0.3
+    p2 = wait_until(lambda: frontier.pop("w"))
+    assert time.monotonic() - t0 >= 0.2
+    assert (p2.payload, p2.attempts) == (p.payload, 1)
+    assert frontier.retry(p2.lease_id, 0, "timeout", payload='{"url": "x", "retry": 2}')
+    p3 = frontier.pop("w")
+    assert (p3.payload, p3.attempts) == ('{"url": "x", "retry": 2}', 2)
+    reasons = frontier.server.hgetall(frontier.key("retries"))
+    assert reasons == {b"http 503": b"1", b"timeout": b"1"}
+
+
+def test_dead_letters_requeue_and_purge(frontier: Frontier) -> None:
+    frontier.push([entry("h.test", "1", priority=7)])
+    p = frontier.pop("w")
+    frontier.retry(p.lease_id, 0, "http 503")
+    p = frontier.pop("w")
+    assert frontier.dead(p.lease_id, "http 503 after retries", status=503)
+    assert not frontier.dead(p.lease_id, "again")
+    assert frontier.dead(None, "undecodable", payload="{not json", error="JSONDecodeError")
+    letters = frontier.dead_letters()
+    assert len(letters) == 2 and frontier.counts()["dead"] == 2
+    first = letters[0]
+    assert (first["reason"], first["status"], first["attempts"]) == (
+        "http 503 after retries",
+        503,
+        2,
+    )
+    assert (first["host"], first["priority"], first["worker"]) == ("h.test", 7, "w")
+    assert first["payload"] == p.payload and first["first"] <= first["last"]
+    assert letters[1]["error"] == "JSONDecodeError" and letters[1]["status"] is None
+    assert frontier.is_idle()
+    assert frontier.requeue_dead() == 1  # the never-leased payload has no host: stays
+    assert frontier.counts()["dead"] == 1
+    again = frontier.pop("w")
+    assert (again.payload, again.attempts) == (p.payload, 0)
+    assert frontier.purge_dead() == 1 and frontier.dead_letters() == []
+
+
+def test_counts_are_exact_across_operations(client: redis.Redis) -> None:
+    f = Frontier(client, "spider", default_delay=0, lease_seconds=0.2)
+    f.push([entry(f"h{i % 7}.test", str(i), priority=i % 3) for i in range(60)])
+    f.push([entry("h0.test", "0")])  # duplicate
+    leases = [f.pop("w").lease_id for _ in range(20)]
+    f.ack(leases[:5])
+    f.release(leases[5:8])
+    for lease in leases[8:12]:
+        f.retry(lease, 10, "later")
+    f.dead(leases[12], "gone")
+    # leases[13:20] (7) are left to expire
+    time.sleep(0.25)
+    assert f.pop("w2") is not None  # requeues the 7 expired leases, then leases one
+
+    def truth() -> dict:
+        queued = sum(h["queued"] for h in f.host_stats())
+        return {
+            "queued": queued,
+            "delayed": client.zcard(f.key("delayed")),
+            "leased": client.zcard(f.key("leases")),
+            "dead": client.llen(f.key("dead")),
+        }
+
+    c = f.counts()
+    assert {k: c[k] for k in ("queued", "delayed", "leased", "dead")} == truth()
+    assert (c["queued"], c["delayed"], c["leased"], c["dead"]) == (60 - 20 + 3 + 7 - 1, 4, 1, 1)
+    assert (c["seen"], c["hosts"], c["expired"], c["retried"]) == (60, 7, 7, 4)
+    assert c["ready_hosts"] == 7
+
+
+@pytest.mark.parametrize("mode", ["bloom", "set"])
+def test_dedupe(client: redis.Redis, mode: str) -> None:
+    f = Frontier(client, "spider", dupefilter=mode, default_delay=0)
+    batch = [entry("h.test", "1"), entry("h.test", "2"), entry("h.test", "1")]
+    assert f.push(batch) == [True, True, False]
+    assert f.push([entry("h.test", "2"), entry("h.test", "3")]) == [False, True]
+    assert f.push([entry("h.test", "2", dont_filter=True)]) == [True]
+    assert f.seen(fp("h.test1")) and not f.seen(fp("h.test9"))
+    assert f.seen_many([fp("h.test3"), fp("nope")]) == [True, False]
+    assert f.counts()["seen"] == 3 and f.counts()["queued"] == 4
+    other = "set" if mode == "bloom" else "bloom"
+    with pytest.raises(redis.ResponseError, match="dupefilter"):
+        Frontier(client, "spider", dupefilter=other).push([entry("h.test", "4")])
+
+
+def test_bloom_at_capacity_costs_under_two_bytes_per_url(client: redis.Redis) -> None:
+    f = Frontier(client, "spider", bloom_capacity=20_000, bloom_error_rate=0.001)
+    fps = [fp(f"u{i}") for i in range(20_000)]
+    added = [
+        ok
+        for i in range(0, len(fps), 1000)
+        for ok in f.push([Entry("h.test", 0, x, "p") for x in fps[i : i + 1000]])
+    ]
+    assert added.count(False) < 40  # false positives while inserting
+    mem = f.memory()
+    assert mem["layers"] == 1 and mem["bytes"] / 20_000 <= 1.85
+    probes = f.seen_many([fp(f"probe{i}") for i in range(50_000)])
+    assert sum(probes) / len(probes) < 0.0016  # target 0.1 %
+
+
+def test_bloom_grows_past_capacity_keeping_the_error_rate(client: redis.Redis) -> None:
+    f = Frontier(client, "spider", bloom_capacity=10_000, bloom_error_rate=0.001)
+    fps = [fp(f"u{i}") for i in range(50_000)]
+    added = [
+        ok
+        for i in range(0, len(fps), 1000)
+        for ok in f.push([Entry(f"h{i % 9}.test", 0, x, "p") for x in fps[i : i + 1000]])
+    ]
+    assert added.count(False) / len(fps) < 0.002
+    assert all(f.seen_many(fps))  # no false negatives, ever
+    mem = f.memory()
+    assert mem["layers"] == 3  # 10k + 20k + 40k
+    probes = f.seen_many([fp(f"probe{i}") for i in range(100_000)])
+    rate = sum(probes) / len(probes)
+    assert rate < 0.002  # compound bound 2 x target; expected ~0.0015
+    per_url = mem["bytes"] / 50_000
+    assert per_url < 3.0  # grown filter, 30% empty at the end (1.8 when full, one layer)
+    assert f.counts()["seen"] == added.count(True)
+
+
+def test_malformed_entries_go_to_the_dead_letter_queue(frontier: Frontier, client) -> None:
+    frontier.push([entry("h.test", "good")])
+    client.zadd(frontier.key("q:h.test"), {b"\x00garbage": -100, b"not:a:member": -50})
+    client.set(frontier.key("q:foreign.test"), "a string")
+    client.zadd(frontier.key("ready"), {"foreign.test": 0})
+    client.zadd(frontier.key("delayed"), {b"no record here": 0})
+    popped = drain(frontier)
+    assert popped == ["http://h.test/good"]
+    reasons = sorted(d["reason"].split(":")[0] for d in frontier.dead_letters())
+    assert reasons == [
+        "malformed delayed record",
+        "malformed queue entry",
+        "malformed queue entry",
+        "queue key is not a sorted set",
+    ]
+    assert client.get(frontier.key("q:foreign.test")) == b"a string"  # not deleted
+    assert frontier.requeue_dead() == 0  # junk stays dead
+    frontier.push([entry("foreign.test", "1")])  # a push into the foreign key: DLQ too
+    assert frontier.counts()["dead"] == 5 and frontier.counts()["queued"] == 0
+
+
+def test_every_key_is_under_the_spider_prefix(client: redis.Redis) -> None:
+    f = Frontier(client, "my-spider", default_delay=0.01, lease_seconds=0.05)
+    g = Frontier(client, "other", dupefilter="set")
+    f.push([entry("a.test", "1"), entry("b.test", "1"), entry("c.test", "1")])
+    g.push([entry("a.test", "1")])
+    f.set_delay("a.test", 2)
+    f.defer_host("d.test", 5)
+    p = [f.pop("w") for _ in range(3)]
+    f.retry(p[0].lease_id, 0.01, "x")
+    f.dead(p[1].lease_id, "y")
+    time.sleep(0.06)
+    f.pop("w")
+    f.counts(), f.host_stats(), f.next_ready_in(), f.seen(fp("a")), f.requeue_dead()
+    keys = {k.decode() for k in client.keys("*")}
+    mine = {k for k in keys if k.startswith("webfarm:{my-spider}:")}
+    assert keys - mine and all(k.startswith("webfarm:{other}:") for k in keys - mine)
+    assert len(mine) > 8
+    assert f.reset() == len(mine)
+    assert {k.decode() for k in client.keys("*")} == keys - mine
+    assert g.counts()["queued"] == 1
+
+
+def test_recreating_a_frontier_deletes_nothing(redis_url: str) -> None:
+    c1 = redis.Redis.from_url(redis_url)
+    f = Frontier(c1, "spider", default_delay=0)
+    f.push([entry("h.test", str(i)) for i in range(5)])
+    f.pop("w")
+    before = f.counts()
+    del f
+    gc.collect()
+    c1.close()
+    g = Frontier(redis.Redis.from_url(redis_url), "spider", default_delay=0)
+    assert g.counts() == before
+    assert g.push([entry("h.test", "1")]) == [False]
+
+
+def test_exchange_is_one_round_trip_without_keys_or_scan(frontier: Frontier, client) -> None:
+    frontier.push([entry("h.test", "seed")])
+    p = frontier.pop("w")
+    client.config_resetstat()
+    r = frontier.exchange(
+        "w", push=[entry("h.test", str(i)) for i in range(10)], ack=[p.lease_id], pop=3
+    )
+    assert r.acked == 1 and r.enqueued == [True] * 10 and len(r.popped) == 3
+    stats = client.info("commandstats")
+    top_level = {
+        k: v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval")
+    }
+    assert top_level == {"cmdstat_evalsha": 1}
+    assert not any(k in stats for k in ("cmdstat_keys", "cmdstat_scan"))
+    r2 = frontier.exchange("w", pop=100)
+    assert len(r2.popped) == 7 and r2.ready_in is not None  # 10 leases pending
+    assert frontier.exchange("w", pop=0).popped == []
+
+
+def test_bad_input_is_refused(client: redis.Redis) -> None:
+    with pytest.raises(ValueError):
+        Frontier(client, "bad{name}")
+    with pytest.raises(ValueError):
+        Frontier(redis.Redis(decode_responses=True), "spider")
+    f = Frontier(client, "spider")
+    for bad in ("", "two words", "tab\there"):
+        with pytest.raises(ValueError):
+            f.push([entry(bad, "1")])
+    with pytest.raises(ValueError):
+        f.push([Entry("h.test", 1.5, b"x", "p")])
+    assert f.counts()["queued"] == 0
+
+
+def test_backoff_is_full_jitter_and_capped() -> None:
+    values = [backoff(3, base=1.0, cap=600) for _ in range(2000)]
+    assert 0 <= min(values) < 1 and 7 < max(values) <= 8
+    assert all(0 <= backoff(50, base=1.0, cap=30) <= 30 for _ in range(100))

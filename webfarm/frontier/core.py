@@ -1,0 +1,428 @@
+"""The shared crawl frontier in Redis: per-host queues, politeness, leases, retries, DLQ.
+
+Every operation is one call of one Lua script (``scripts/frontier.lua``, loaded once,
+then EVALSHA), so a worker pays one round trip per call and never sees a half-done
+state. All keys of a spider live under ``webfarm:{SPIDER}:`` (a Cluster hash tag: one
+node holds a whole frontier). Payloads are opaque strings (the scheduler passes JSON
+of ``Request.to_dict``); nothing is pickled, nothing read back is executed here.
+
+Times are the server's clock (``TIME`` inside the script), so workers with skewed
+clocks still agree on politeness and lease deadlines. Closing or dropping a
+:class:`Frontier` deletes nothing; :meth:`Frontier.reset` is the only wipe.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any, NamedTuple
+
+import redis
+
+from webfarm.frontier.bloom import hash_pair
+
+_SCRIPT_DIR = resources.files("webfarm.frontier").joinpath("scripts")
+# One script from three files (each a part of one chunk; order matters), loaded once.
+_SCRIPT = "\n".join(
+    _SCRIPT_DIR.joinpath(name).read_text() for name in ("common.lua", "bloom.lua", "ops.lua")
+)
+_BAD_HOST = re.compile(r"\s")
+MAX_PUSH = 1000  # entries per script call: keeps each call short for the other workers
+
+
+class Entry(NamedTuple):
+    """One request to enqueue. ``host`` is the politeness key (``host[:port]``)."""
+
+    host: str
+    priority: int
+    fingerprint: bytes
+    payload: str
+    dont_filter: bool = False
+
+
+class Popped(NamedTuple):
+    """A leased entry. ``attempts`` = how often it was retried before (0 the first time)."""
+
+    lease_id: str
+    host: str
+    payload: str
+    attempts: int
+
+
+class Exchange(NamedTuple):
+    """What one :meth:`Frontier.exchange` call did."""
+
+    acked: int
+    enqueued: list[bool]
+    popped: list[Popped]
+    ready_in: float | None  # seconds until something may be ready, when fewer were popped
+
+
+def key_prefix(spider: str) -> str:
+    """``webfarm:{SPIDER}:``, the prefix of every key of the spider's frontier."""
+    if not spider or "{" in spider or "}" in spider:
+        raise ValueError(f"spider name {spider!r} cannot be a Redis hash tag")
+    return f"webfarm:{{{spider}}}:"
+
+
+def backoff(attempt: int, base: float = 1.0, cap: float = 600.0) -> float:
+    """Seconds to wait before retry number ``attempt`` (0-based): exponential, full jitter.
+
+    ``uniform(0, min(cap, base * 2**attempt))``: spreads retries of many workers apart
+    instead of letting them hit a recovering host in lockstep.
+    """
+    return random.uniform(0.0, min(cap, base * 2.0 ** min(max(attempt, 0), 64)))
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _check_host(host: str) -> None:
+    if not isinstance(host, str) or not host or _BAD_HOST.search(host) or len(host) > 1024:
+        raise ValueError(f"invalid host {host!r}")
+
+
+class Frontier:
+    """One spider's frontier. Cheap to create; thread-safe as far as the client is.
+
+    ``server`` must return bytes (``decode_responses=False``, redis-py's default).
+    ``dupefilter="bloom"`` (scalable Bloom filter, ~1.8 bytes per URL at 0.1 %) or
+    ``"set"`` (exact, ~60-90 bytes per URL, for small crawls); the mode and the Bloom
+    filter's capacity and error rate are fixed by the first push until :meth:`reset`.
+    """
+
+    def __init__(
+        self,
+        server: redis.Redis,
+        spider: str,
+        *,
+        lease_seconds: float = 300,
+        default_delay: float = 1.0,
+        dupefilter: str = "bloom",
+        bloom_capacity: int = 1_000_000,
+        bloom_error_rate: float = 0.001,
+        requeue_batch: int = 100,
+    ) -> None:
+        if server.get_connection_kwargs().get("decode_responses"):
+            raise ValueError("Frontier needs a redis client with decode_responses=False")
+        if dupefilter not in ("bloom", "set"):
+            raise ValueError(f"dupefilter must be 'bloom' or 'set', not {dupefilter!r}")
+        if bloom_capacity < 1 or not 0 < bloom_error_rate < 1:
+            raise ValueError("bloom_capacity must be >= 1 and 0 < bloom_error_rate < 1")
+        self.server = server
+        self.spider = spider
+        self.prefix = key_prefix(spider)
+        self.lease_ms = max(1, round(lease_seconds * 1000))
+        self.default_delay = float(default_delay)
+        self.dupefilter = dupefilter
+        self.bloom_capacity = int(bloom_capacity)
+        self.bloom_error_rate = float(bloom_error_rate)
+        self.requeue_batch = max(1, min(int(requeue_batch), 10_000))
+        #: seconds until something may be ready, from the last pop that came back short
+        self.last_ready_in: float | None = None
+        self._keys = [self.prefix + "stats"]
+        self._script = server.register_script(_SCRIPT)
+
+    def key(self, name: str) -> str:
+        """Full key name of one of this frontier's structures (``ready``, ``dead``, ...)."""
+        return self.prefix + name
+
+    def _call(self, op: str, *args: Any) -> Any:
+        return self._script(keys=self._keys, args=[self.prefix, op, *args])
+
+    # -- the hot path ---------------------------------------------------------------------
+
+    def exchange(
+        self,
+        worker: str,
+        *,
+        push: Sequence[Entry] = (),
+        ack: Sequence[str] = (),
+        pop: int = 1,
+    ) -> Exchange:
+        """Ack, push and pop in ONE round trip (a scheduler buffers between pops).
+
+        Order inside the call: acks, then pushes (seen-check and enqueue), then due
+        retries and expired leases go back (at most ``requeue_batch`` each), then up to
+        ``pop`` leases, each from the host that has been allowed the longest.
+        """
+        if pop and (not worker or _BAD_HOST.search(worker)):
+            raise ValueError(f"a worker name without spaces is needed to pop, not {worker!r}")
+        pushed: list[bool] = []
+        entries = list(push)
+        while len(entries) > MAX_PUSH:
+            pushed += self._step("", entries[:MAX_PUSH], (), 0).enqueued
+            entries = entries[MAX_PUSH:]
+        result = self._step(worker, entries, ack, pop)
+        return result._replace(enqueued=pushed + result.enqueued)
+
+    def _step(self, worker: str, push: Sequence[Entry], ack: Sequence[str], pop: int) -> Exchange:
+        bloom = self.dupefilter == "bloom"
+        args: list[Any] = [
+            worker,
+            self.lease_ms,
+            round(self.default_delay * 1000),
+            self.requeue_batch,
+            int(pop),
+            self.dupefilter,
+            self.bloom_capacity,
+            repr(self.bloom_error_rate),
+            len(ack),
+            len(push),
+            *ack,
+        ]
+        for entry in push:
+            host, priority, fingerprint, payload, dont_filter = Entry(*entry)
+            _check_host(host)
+            if not isinstance(priority, int) or abs(priority) > 2**52:
+                raise ValueError(f"priority must be an int within +-2**52, not {priority!r}")
+            if bloom:
+                k1, k2 = hash_pair(fingerprint)
+            else:
+                k1, k2 = fingerprint, b""
+            args += [host, priority, b"1" if dont_filter else b"0", k1, k2, payload]
+        reply = self._call("step", *args)
+        flags = reply[1]
+        popped = [
+            Popped(_text(reply[i]), _text(reply[i + 1]), _text(reply[i + 2]), int(reply[i + 3]))
+            for i in range(3, len(reply), 4)
+        ]
+        ready_in = None if int(reply[2]) < 0 else int(reply[2]) / 1000
+        if pop:
+            self.last_ready_in = None if len(popped) == pop else ready_in
+        return Exchange(int(reply[0]), [c == ord("1") for c in flags], popped, ready_in)
+
+    def push(self, entries: Sequence[Entry]) -> list[bool]:
+        """Seen-check and enqueue a batch (a page's links) in one call.
+
+        Returns, per entry, whether it was enqueued (False: seen before). An entry with
+        ``dont_filter`` is enqueued without touching the dupefilter, as in Scrapy.
+        """
+        return self.exchange("", push=entries, pop=0).enqueued
+
+    def pop(self, worker: str) -> Popped | None:
+        """Lease the next entry a polite crawler may fetch now, or None.
+
+        When None, :attr:`last_ready_in` says how long until something may be ready
+        (saves a :meth:`next_ready_in` round trip).
+        """
+        popped = self.exchange(worker, pop=1).popped
+        return popped[0] if popped else None
+
+    def ack(self, lease_ids: Sequence[str]) -> int:
+        """Done with these leases: forget the entries. Returns how many were still held."""
+        if not lease_ids:
+            return 0
+        return self.exchange("", ack=lease_ids, pop=0).acked
+
+    def next_ready_in(self) -> float | None:
+        """Seconds until a host may be ready, a retry is due or a lease expires; None = idle."""
+        ms = int(self._call("next_ready"))
+        return None if ms < 0 else ms / 1000
+
+    # -- giving back, retrying, dead letters -------------------------------------------------
+
+    def release(self, lease_ids: Sequence[str]) -> int:
+        """Give leases back at once (SIGTERM), same priority and place, attempts unchanged."""
+        if not lease_ids:
+            return 0
+        return int(self._call("release", *lease_ids))
+
+    def release_worker(self, worker: str) -> int:
+        """Give back every lease ``worker`` holds."""
+        return int(self._call("release_worker", worker))
+
+    def retry(self, lease_id: str, delay: float, reason: str, payload: str | None = None) -> bool:
+        """Put a leased entry in the delayed set, due in ``delay`` s (see :func:`backoff`).
+
+        Its attempts count goes up by one; ``payload`` replaces the stored one if given.
+        False when the lease is no longer held (expired and handed out again): then the
+        entry is already back in the frontier and nothing is done.
+        """
+        has = payload is not None
+        args = [lease_id, max(0, round(delay * 1000)), reason, b"1" if has else b"0", payload or ""]
+        return bool(self._call("retry", *args))
+
+    def dead(
+        self,
+        lease_id: str | None,
+        reason: str,
+        *,
+        payload: str | None = None,
+        status: int | None = None,
+        error: str | None = None,
+    ) -> bool:
+        """Move a leased entry to the dead-letter queue with why it failed.
+
+        The dead letter keeps host, priority, attempts (tries made), first and last times,
+        worker and payload. ``lease_id=None`` records a ``payload`` that was never leased.
+        False when the lease is no longer held (nothing recorded).
+        """
+        args = [
+            lease_id or "",
+            reason,
+            b"1" if payload is not None else b"0",
+            payload or "",
+            "" if status is None else int(status),
+            error or "",
+        ]
+        return bool(self._call("dead", *args))
+
+    def dead_letters(self, limit: int = 100) -> list[dict]:
+        """The oldest ``limit`` dead letters, as dicts (``reason``, ``status``, ``error``,
+        ``attempts``, ``first``, ``last``, ``host``, ``priority``, ``payload``, ...)."""
+        out = []
+        for raw in self.server.lrange(self.key("dead"), 0, max(0, limit) - 1):
+            text = _text(raw)
+            try:
+                letter = json.loads(text)
+                if not isinstance(letter, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                letter = {"reason": "unreadable dead letter", "payload": text}
+            for field in ("reason", "status", "error", "attempts", "host", "payload"):
+                letter.setdefault(field, None)
+            out.append(letter)
+        return out
+
+    def requeue_dead(self) -> int:
+        """Put dead letters back in their queues with attempts reset; returns how many.
+
+        Letters without host, priority or payload (malformed entries) stay dead.
+        """
+        total = int(self.server.llen(self.key("dead")))
+        moved = 0
+        while total > 0:
+            done, examined = self._call("requeue_dead", min(total, 1000))
+            moved += int(done)
+            total -= int(examined)
+            if not int(examined):
+                break
+        return moved
+
+    def purge_dead(self) -> int:
+        """Delete every dead letter; returns how many there were."""
+        return int(self._call("purge_dead"))
+
+    # -- politeness ---------------------------------------------------------------------------
+
+    def set_delay(self, host: str, seconds: float) -> None:
+        """Per-host delay between two fetches, shared by every worker."""
+        _check_host(host)
+        if not seconds >= 0 or math.isinf(seconds):
+            raise ValueError(f"delay must be a finite number >= 0, not {seconds!r}")
+        self._call("set_delay", host, repr(float(seconds)), round(self.default_delay * 1000))
+
+    def get_delay(self, host: str) -> float:
+        value = self.server.hget(self.key("delay"), host)
+        return self.default_delay if value is None else float(value)
+
+    def defer_host(self, host: str, until_seconds_from_now: float) -> None:
+        """Retry-After: the host's next-allowed time becomes max(current, now + x)."""
+        _check_host(host)
+        self._call("defer", host, max(0, round(until_seconds_from_now * 1000)))
+
+    # -- reading --------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        """queued, ready_hosts, hosts, delayed, leased, dead, seen, retried, expired."""
+        names = (
+            "queued",
+            "ready_hosts",
+            "hosts",
+            "delayed",
+            "leased",
+            "dead",
+            "seen",
+            "retried",
+            "expired",
+        )
+        return dict(zip(names, (int(v) for v in self._call("counts")), strict=True))
+
+    def is_idle(self) -> bool:
+        """Nothing queued, delayed or leased (dead letters do not count)."""
+        c = self.counts()
+        return c["queued"] == 0 and c["delayed"] == 0 and c["leased"] == 0
+
+    def host_stats(self) -> list[dict]:
+        """Per host with queued entries or a pending wait: queued, delay, next_allowed_in.
+
+        Walks every such host (for ``scrapy frontier``, not for the hot path).
+        """
+        pipe = self.server.pipeline(transaction=False)
+        pipe.time()
+        pipe.zrange(self.key("ready"), 0, -1, withscores=True)
+        pipe.zrange(self.key("cool"), 0, -1, withscores=True)
+        (sec, usec), ready, cool = pipe.execute()
+        now_ms = sec * 1000 + usec // 1000
+        hosts: dict[str, float] = {_text(h): s for h, s in cool}
+        hosts.update((_text(h), s) for h, s in ready)
+        names = sorted(hosts)
+        pipe = self.server.pipeline(transaction=False)
+        for name in names:
+            pipe.zcard(self.key("q:" + name))
+        queued = pipe.execute(raise_on_error=False) if names else []
+        delays = self.server.hmget(self.key("delay"), names) if names else []
+        out = []
+        for name, depth, delay in zip(names, queued, delays, strict=True):
+            out.append(
+                {
+                    "host": name,
+                    "queued": depth if isinstance(depth, int) else 0,
+                    "delay": self.default_delay if delay is None else float(delay),
+                    "next_allowed_in": max(0.0, (hosts[name] - now_ms) / 1000),
+                }
+            )
+        out.sort(key=lambda h: (-h["queued"], h["host"]))
+        return out
+
+    def seen(self, fingerprint: bytes) -> bool:
+        """Whether the dupefilter holds ``fingerprint`` (Bloom: maybe, with its error rate)."""
+        return self.seen_many([fingerprint])[0]
+
+    def seen_many(self, fingerprints: Sequence[bytes]) -> list[bool]:
+        """:meth:`seen` for many fingerprints in one round trip (read-only)."""
+        out: list[bool] = []
+        for start in range(0, len(fingerprints), MAX_PUSH):
+            args: list[Any] = []
+            for fp in fingerprints[start : start + MAX_PUSH]:
+                args += hash_pair(fp) if self.dupefilter == "bloom" else (fp, b"")
+            out += [c == ord("1") for c in self._call("seen", self.dupefilter, *args)]
+        return out
+
+    def memory(self) -> dict[str, int]:
+        """Bytes Redis uses for the dupefilter (``MEMORY USAGE``), and what it holds."""
+        if self.dupefilter == "set":
+            return {
+                "bytes": int(self.server.memory_usage(self.key("seen"), samples=0) or 0),
+                "layers": 0,
+            }
+        n = int(self.server.hget(self.key("bloom"), "n") or 0)
+        size = sum(
+            int(self.server.memory_usage(self.key(f"bloom:{i}"), samples=0) or 0) for i in range(n)
+        )
+        return {"bytes": size, "layers": n}
+
+    # -- wiping ---------------------------------------------------------------------------
+
+    def reset(self) -> int:
+        """Delete every key of this spider's frontier (the only way anything is deleted).
+
+        Uses SCAN, so it also finds keys nothing indexes; returns how many were deleted.
+        """
+        pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix) + "*"
+        deleted = 0
+        batch: list[bytes] = []
+        for key in self.server.scan_iter(match=pattern, count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                deleted += int(self.server.unlink(*batch))
+                batch = []
+        if batch:
+            deleted += int(self.server.unlink(*batch))
+        return deleted

@@ -1,0 +1,206 @@
+-- webfarm frontier, part 1 of 3: keys, entries, queues, leases, pops.
+-- The three files (common.lua, bloom.lua, ops.lua) are ONE script, loaded once (EVALSHA):
+-- each call is one round trip and atomic.
+--
+-- KEYS[1] = <P>stats (routing only: every key shares the {spider} hash tag, one slot)
+-- ARGV[1] = key prefix <P> = 'webfarm:{spider}:', ARGV[2] = operation, ARGV[3..] = its arguments
+--
+-- Keys (all under <P>):
+--   q:<host>  ZSET  a host's queue; score -priority, member 'SEQ:ATTEMPTS:FIRST:PAYLOAD'
+--                   (SEQ = 12 hex digits, so equal scores pop in push order: FIFO)
+--   ready     ZSET  host -> next-allowed ms, only hosts with queued entries
+--   cool      ZSET  host -> next-allowed ms of hosts whose queue went empty (kept until due)
+--   delay     HASH  host -> delay in seconds (Crawl-delay, AutoThrottle), shared by workers
+--   delayed   ZSET  record -> due ms (retries); record = 'HOST PRIO MEMBER'
+--   leases    ZSET  lease id -> deadline ms;  lease HASH id -> 'WORKER HOST PRIO MEMBER'
+--   dead      LIST  dead letters, JSON
+--   stats     HASH  counters: queued, seen, retried, expired; dupefilter (the mode in use)
+--   retries   HASH  retry reason -> count
+--   seq       STR   counter for entry sequence numbers and lease ids
+--   seen      SET   fingerprints (dupefilter 'set')
+--   bloom     HASH  the Bloom filter's layers; bloom:<i> STRING layer i's bitmap
+--
+-- Times come from the server's clock (TIME), never from workers.
+
+local P = ARGV[1]
+local OP = ARGV[2]
+local K_STATS, K_READY, K_COOL, K_DELAY = P .. 'stats', P .. 'ready', P .. 'cool', P .. 'delay'
+local K_DELAYED, K_LEASES, K_LEASE = P .. 'delayed', P .. 'leases', P .. 'lease'
+local K_SEQ, K_DEAD, K_SEEN, K_BLOOM = P .. 'seq', P .. 'dead', P .. 'seen', P .. 'bloom'
+local K_RETRIES = P .. 'retries'
+
+local T = redis.call('TIME')
+local NOW = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000) -- ms, an exact integer
+
+local d_queued, d_seen, d_expired = 0, 0, 0
+local ready_known = {} -- hosts known to be in 'ready' during this call
+
+local function fmt_int(x) return string.format('%d', x) end
+local function qkey(host) return P .. 'q:' .. host end
+
+local function parse_member(m) -- seq, attempts, first (s), payload; nil when malformed
+  return string.match(m, '^(%x+):(%d+):(%d+):(.*)$')
+end
+
+local function parse_record(r) -- host, priority, member; nil when malformed
+  local host, prio, member = string.match(r, '^(%S+) (%-?%d+) (.*)$')
+  if host and parse_member(member) then return host, tonumber(prio), member end
+  return nil
+end
+
+local function new_member(seq, attempts, first, payload)
+  return string.format('%012x:%d:%d:', seq, attempts, first) .. payload
+end
+
+local function dead_letter(t)
+  t.last = NOW / 1000
+  redis.call('RPUSH', K_DEAD, cjson.encode(t))
+end
+
+-- A host with queued entries joins 'ready' at its remembered next-allowed time or now.
+local function mark_ready(host)
+  if ready_known[host] then return end
+  if not redis.call('ZSCORE', K_READY, host) then
+    local at = NOW
+    local c = redis.call('ZSCORE', K_COOL, host)
+    if c then
+      redis.call('ZREM', K_COOL, host)
+      c = tonumber(c)
+      if c > at then at = c end
+    end
+    redis.call('ZADD', K_READY, at, host)
+  end
+  ready_known[host] = true
+end
+
+-- Add members to a host's queue: flat list score, member, score, member...
+-- Returns false (and dead-letters them) when the queue key holds something foreign.
+local function enqueue_many(host, flat)
+  local r
+  for i = 1, #flat, 2000 do
+    r = redis.pcall('ZADD', qkey(host), unpack(flat, i, math.min(#flat, i + 1999)))
+    if type(r) == 'table' and r.err then break end
+  end
+  if type(r) == 'table' and r.err then
+    for i = 2, #flat, 2 do
+      local _, att, first, payload = parse_member(flat[i])
+      dead_letter({reason = 'queue key is not a sorted set: ' .. r.err, host = host,
+                   priority = 0 - tonumber(flat[i - 1]), attempts = tonumber(att),
+                   first = tonumber(first), payload = payload})
+    end
+    return false
+  end
+  d_queued = d_queued + #flat / 2
+  mark_ready(host)
+  return true
+end
+
+local function enqueue(host, prio, member)
+  return enqueue_many(host, {fmt_int(-prio), member})
+end
+
+local function requeue_record(rec, where)
+  local host, prio, member = parse_record(rec)
+  if host then return enqueue(host, prio, member) end
+  dead_letter({reason = 'malformed ' .. where .. ' record', payload = rec})
+  return false
+end
+
+local function lease(host, prio, member, worker, lease_ms)
+  local id = string.format('%x', redis.call('INCR', K_SEQ))
+  redis.call('ZADD', K_LEASES, NOW + lease_ms, id)
+  redis.call('HSET', K_LEASE, id, worker .. ' ' .. host .. ' ' .. fmt_int(prio) .. ' ' .. member)
+  return id
+end
+
+-- Forget a held lease. With want_record, returns its record 'HOST PRIO MEMBER' and worker;
+-- otherwise true. nil when the lease is not held (acked, or expired and handed out again).
+local function unlease(id, want_record)
+  if redis.call('ZREM', K_LEASES, id) == 0 then return nil end
+  local value = want_record and redis.call('HGET', K_LEASE, id)
+  redis.call('HDEL', K_LEASE, id)
+  if not want_record then return true end
+  if not value then return nil end
+  local worker, rec = string.match(value, '^(%S+) (.*)$')
+  return rec or value, worker
+end
+
+-- Bounded housekeeping before a pop: due retries and expired leases go back to their
+-- queues, stale 'cool' hosts are forgotten.
+local function maintain(batch)
+  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', NOW, 'LIMIT', 0, batch)
+  if #due > 0 then
+    redis.call('ZREM', K_DELAYED, unpack(due))
+    for _, rec in ipairs(due) do requeue_record(rec, 'delayed') end
+  end
+  local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', NOW, 'LIMIT', 0, batch)
+  for _, id in ipairs(expired) do
+    local rec = unlease(id, true)
+    if rec then
+      d_expired = d_expired + 1
+      requeue_record(rec, 'lease')
+    end
+  end
+  local cool = redis.call('ZRANGEBYSCORE', K_COOL, '-inf', NOW, 'LIMIT', 0, batch)
+  if #cool > 0 then redis.call('ZREM', K_COOL, unpack(cool)) end
+end
+
+local function host_delay_ms(host, default_ms)
+  local d = tonumber(redis.call('HGET', K_DELAY, host) or '')
+  if d then return math.floor(d * 1000 + 0.5) end
+  return default_ms
+end
+
+local function drop_ready(host)
+  redis.call('ZREM', K_READY, host)
+  ready_known[host] = nil
+end
+
+-- The host that has been allowed the longest gives its highest-priority entry.
+local function pop_one(worker, lease_ms, default_ms)
+  for _ = 1, 100 do
+    local host = redis.call('ZRANGEBYSCORE', K_READY, '-inf', NOW, 'LIMIT', 0, 1)[1]
+    if not host then return nil end
+    local q = qkey(host)
+    local res = redis.pcall('ZPOPMIN', q)
+    if res.err then
+      drop_ready(host)
+      dead_letter({reason = 'queue key is not a sorted set: ' .. res.err, host = host})
+    elseif #res == 0 then
+      drop_ready(host) -- repair: a ready host without queue
+    else
+      local member, prio = res[1], 0 - tonumber(res[2])
+      local _, att, _, payload = parse_member(member)
+      local empty = redis.call('ZCARD', q) == 0
+      if not payload then -- not one of ours, so never counted in 'queued'
+        dead_letter({reason = 'malformed queue entry', host = host, payload = member})
+        if empty then drop_ready(host) end
+      else
+        d_queued = d_queued - 1
+        local nxt = NOW + host_delay_ms(host, default_ms)
+        if empty then
+          drop_ready(host)
+          if nxt > NOW then redis.call('ZADD', K_COOL, nxt, host) end
+        else
+          redis.call('ZADD', K_READY, nxt, host)
+        end
+        return {lease(host, prio, member, worker, lease_ms), host, payload, tonumber(att)}
+      end
+    end
+  end
+  return nil
+end
+
+-- ms until a host may be ready, a retry is due or a lease expires; -1 when nothing is pending
+local function ready_in()
+  local best = nil
+  for _, key in ipairs({K_READY, K_DELAYED, K_LEASES}) do
+    local r = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    if r[2] then
+      local s = tonumber(r[2])
+      if not best or s < best then best = s end
+    end
+  end
+  if not best then return -1 end
+  return math.max(0, best - NOW)
+end

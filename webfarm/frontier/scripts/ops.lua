@@ -1,0 +1,244 @@
+-- webfarm frontier, part 3 of 3: the operations (ARGV[2]) and the dispatch.
+
+local function finish()
+  if d_queued ~= 0 then redis.call('HINCRBY', K_STATS, 'queued', d_queued) end
+  if d_seen ~= 0 then redis.call('HINCRBY', K_STATS, 'seen', d_seen) end
+  if d_expired ~= 0 then redis.call('HINCRBY', K_STATS, 'expired', d_expired) end
+  bloom_save()
+end
+
+-- Seen-check and enqueue n entries of 6 ARGV each from ARGV[a]: host, priority, dont_filter,
+-- key1, key2, payload (key1/key2: two 32-bit hashes for 'bloom', fingerprint/'' for 'set').
+-- Entries of one host go into its queue with one ZADD. Returns '1'/'0' per entry.
+local function push(a, n, mode, cap0, err0)
+  if mode == 'bloom' then bloom_load(cap0, err0) end
+  local seq0 = redis.call('INCRBY', K_SEQ, n) - n
+  local first = math.floor(NOW / 1000)
+  local ok, groups, hosts = {}, {}, {}
+  for e = 1, n do
+    local o = a + (e - 1) * 6
+    local new = true
+    if ARGV[o + 2] ~= '1' then
+      if mode == 'set' then
+        new = redis.call('SADD', K_SEEN, ARGV[o + 3]) == 1
+        if new then d_seen = d_seen + 1 end
+      else
+        new = bloom_add(tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4]))
+      end
+    end
+    ok[e] = new
+    if new then
+      local host = ARGV[o]
+      local g = groups[host]
+      if not g then
+        g = {flat = {}, idx = {}}
+        groups[host] = g
+        hosts[#hosts + 1] = host
+      end
+      local f = g.flat
+      f[#f + 1] = fmt_int(-tonumber(ARGV[o + 1]))
+      f[#f + 1] = new_member(seq0 + e, 0, first, ARGV[o + 5])
+      g.idx[#g.idx + 1] = e
+    end
+  end
+  for _, host in ipairs(hosts) do
+    local g = groups[host]
+    if not enqueue_many(host, g.flat) then
+      for _, e in ipairs(g.idx) do ok[e] = false end
+    end
+  end
+  local flags = {}
+  for e = 1, n do flags[e] = ok[e] and '1' or '0' end
+  return table.concat(flags)
+end
+
+local OPS = {}
+
+-- step: acks, then pushes, then housekeeping and up to `want` pops, in one call.
+-- ARGV: 3 worker, 4 lease_ms, 5 default_delay_ms, 6 batch, 7 want, 8 mode, 9 cap0, 10 err0,
+--       11 n_ack, 12 n_push, then n_ack lease ids, then n_push entries (see push).
+-- Returns {acked, enqueued flags '1'/'0', ready_in ms or -1, lease, host, payload, attempts...}
+OPS.step = function()
+  local worker, lease_ms, default_ms = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+  local batch, want = tonumber(ARGV[6]), tonumber(ARGV[7])
+  local n_ack, n_push = tonumber(ARGV[11]), tonumber(ARGV[12])
+  local mode, acked, flags = ARGV[8], 0, ''
+  if n_push > 0 then -- before any write: a mismatch must change nothing
+    local cur = redis.call('HGET', K_STATS, 'dupefilter')
+    if not cur then
+      redis.call('HSET', K_STATS, 'dupefilter', mode)
+    elseif cur ~= mode then
+      return redis.error_reply('WEBFARM this frontier uses dupefilter=' .. cur .. ', not ' ..
+                               mode .. ' (reset it to change)')
+    end
+  end
+  for i = 13, 12 + n_ack do
+    if unlease(ARGV[i], false) then acked = acked + 1 end
+  end
+  if n_push > 0 then flags = push(13 + n_ack, n_push, mode, ARGV[9], ARGV[10]) end
+  local out = {acked, flags, '-1'}
+  if want > 0 then
+    maintain(batch)
+    local got = 0
+    for _ = 1, want do
+      local p = pop_one(worker, lease_ms, default_ms)
+      if not p then break end
+      for j = 1, 4 do out[#out + 1] = p[j] end
+      got = got + 1
+    end
+    if got < want then out[3] = fmt_int(ready_in()) end
+  end
+  return out
+end
+
+-- release: ARGV[3..] lease ids -> back to their queues now, same priority and place
+OPS.release = function()
+  local n = 0
+  for i = 3, #ARGV do
+    local rec = unlease(ARGV[i], true)
+    if rec and requeue_record(rec, 'lease') then n = n + 1 end
+  end
+  return n
+end
+
+-- release_worker: ARGV[3] worker. Walks the lease hash (in-flight requests only).
+OPS.release_worker = function()
+  local n, prefix = 0, ARGV[3] .. ' '
+  local flat = redis.call('HGETALL', K_LEASE)
+  for i = 1, #flat, 2 do
+    if string.sub(flat[i + 1], 1, #prefix) == prefix then
+      local rec = unlease(flat[i], true)
+      if rec and requeue_record(rec, 'lease') then n = n + 1 end
+    end
+  end
+  return n
+end
+
+-- retry: ARGV 3 lease id, 4 delay ms, 5 reason, 6 has payload, 7 payload. 1 = done, 0 = no lease
+OPS.retry = function()
+  local rec = unlease(ARGV[3], true)
+  if not rec then return 0 end
+  local host, prio, member = parse_record(rec)
+  if not host then
+    dead_letter({reason = 'malformed lease record', payload = rec})
+    return 1
+  end
+  local seq, att, first, payload = parse_member(member)
+  if ARGV[6] == '1' then payload = ARGV[7] end
+  member = seq .. ':' .. fmt_int(tonumber(att) + 1) .. ':' .. first .. ':' .. payload
+  redis.call('ZADD', K_DELAYED, NOW + tonumber(ARGV[4]),
+             host .. ' ' .. fmt_int(prio) .. ' ' .. member)
+  redis.call('HINCRBY', K_STATS, 'retried', 1)
+  redis.call('HINCRBY', K_RETRIES, string.sub(ARGV[5], 1, 200), 1)
+  return 1
+end
+
+-- dead: ARGV 3 lease id or '', 4 reason, 5 has payload, 6 payload, 7 status or '', 8 error or ''
+OPS.dead = function()
+  local t = {reason = ARGV[4], status = tonumber(ARGV[7]), first = math.floor(NOW / 1000),
+             attempts = 0}
+  if ARGV[8] ~= '' then t.error = ARGV[8] end
+  if ARGV[3] ~= '' then
+    local rec, worker = unlease(ARGV[3], true)
+    if not rec then return 0 end
+    t.lease_id, t.worker = ARGV[3], worker
+    local host, prio, member = parse_record(rec)
+    if host then
+      local _, att, first, payload = parse_member(member)
+      t.host, t.priority, t.payload = host, prio, payload
+      t.attempts, t.first = tonumber(att) + 1, tonumber(first)
+    else
+      t.payload = rec
+    end
+  end
+  if ARGV[5] == '1' then t.payload = ARGV[6] end
+  dead_letter(t)
+  return 1
+end
+
+-- requeue_dead: ARGV[3] at most this many from the head; letters that cannot go back (no
+-- host, priority or payload) rotate to the tail. Returns {requeued, examined}.
+OPS.requeue_dead = function()
+  local n = math.min(tonumber(ARGV[3]), redis.call('LLEN', K_DEAD))
+  local moved = 0
+  for _ = 1, n do
+    local raw = redis.call('LPOP', K_DEAD)
+    local ok, t = pcall(cjson.decode, raw)
+    local good = ok and type(t) == 'table' and type(t.host) == 'string'
+      and string.match(t.host, '^%S+$') and type(t.priority) == 'number'
+      and type(t.payload) == 'string'
+    if good then
+      local first = tonumber(t.first) or math.floor(NOW / 1000)
+      local member = new_member(redis.call('INCR', K_SEQ), 0, first, t.payload)
+      if enqueue(t.host, t.priority, member) then moved = moved + 1 end
+    else
+      redis.call('RPUSH', K_DEAD, raw)
+    end
+  end
+  return {moved, n}
+end
+
+OPS.purge_dead = function()
+  local n = redis.call('LLEN', K_DEAD)
+  redis.call('DEL', K_DEAD)
+  return n
+end
+
+-- defer: ARGV 3 host, 4 ms -> next-allowed = max(current, now + ms)
+OPS.defer = function()
+  local host, at = ARGV[3], NOW + tonumber(ARGV[4])
+  if redis.call('ZSCORE', K_READY, host) then
+    redis.call('ZADD', K_READY, 'GT', at, host)
+  else
+    redis.call('ZADD', K_COOL, 'GT', at, host)
+  end
+  return 1
+end
+
+-- set_delay: ARGV 3 host, 4 seconds, 5 default ms. A longer delay also pushes back the pending
+-- next-allowed time (it was computed with the old, shorter delay).
+OPS.set_delay = function()
+  local host = ARGV[3]
+  local old = host_delay_ms(host, tonumber(ARGV[5]))
+  redis.call('HSET', K_DELAY, host, ARGV[4])
+  local new = host_delay_ms(host, 0)
+  if new > old then
+    for _, key in ipairs({K_READY, K_COOL}) do
+      local cur = tonumber(redis.call('ZSCORE', key, host) or '')
+      if cur and cur > NOW then redis.call('ZADD', key, 'GT', cur - old + new, host) end
+    end
+  end
+  return 1
+end
+
+-- seen: ARGV 3 mode, then key1, key2 per fingerprint -> '1'/'0' per fingerprint
+OPS.seen = function()
+  local out = {}
+  if ARGV[3] ~= 'set' then bloom_load() end
+  for i = 4, #ARGV - 1, 2 do
+    local hit
+    if ARGV[3] == 'set' then
+      hit = redis.call('SISMEMBER', K_SEEN, ARGV[i]) == 1
+    else
+      hit = B.n > 0 and bloom_has(tonumber(ARGV[i]), tonumber(ARGV[i + 1]))
+    end
+    out[#out + 1] = hit and '1' or '0'
+  end
+  return table.concat(out)
+end
+
+OPS.counts = function()
+  local s = redis.call('HMGET', K_STATS, 'queued', 'seen', 'retried', 'expired')
+  return {tonumber(s[1]) or 0, redis.call('ZCOUNT', K_READY, '-inf', NOW),
+          redis.call('ZCARD', K_READY), redis.call('ZCARD', K_DELAYED),
+          redis.call('ZCARD', K_LEASES), redis.call('LLEN', K_DEAD), tonumber(s[2]) or 0,
+          tonumber(s[3]) or 0, tonumber(s[4]) or 0}
+end
+
+OPS.next_ready = function() return fmt_int(ready_in()) end
+
+local f = OPS[OP]
+if not f then return redis.error_reply('WEBFARM unknown frontier operation ' .. tostring(OP)) end
+local result = f()
+finish()
+return result
