@@ -1,0 +1,415 @@
+"""Proxy rotation: parsing, shared health in Redis, and real crawls through real proxies."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pymongo
+import pytest
+import redis
+from scrapy import Request
+from scrapy.http import HtmlResponse
+from scrapy.utils.test import get_crawler
+from twisted.internet.error import ConnectionRefusedError as TxConnectionRefused
+
+from middlewares.proxies import ProxyMiddleware
+from settings import base as base_settings  # noqa: E402
+from tests import runner
+from tests.proxyserver import BAN_MARKER, ProxyServer
+from webfarm import serialize
+from webfarm.exceptions import RetryLater
+from webfarm.proxies import ProxyConfigError, ProxyPool, parse_proxies
+
+SECRET = "s3cr3t-Pa55"  # must never show up in logs, stats, Redis or MongoDB
+MW = "middlewares.proxies.ProxyMiddleware"
+
+
+# --- parsing ----------------------------------------------------------------------------------
+
+
+def test_ids_never_hold_credentials():
+    proxies = parse_proxies(
+        f"http://alice:{SECRET}@10.0.0.1:8080, 10.0.0.2:3128\n"
+        f"http://bob:{SECRET}@gw.example:8000 http://carol:{SECRET}@gw.example:8000#eu-1 "
+        "https://gw2.example"
+    )
+    assert [p.id for p in proxies] == ["10.0.0.1:8080", "10.0.0.2:3128", "gw.example:8000/1",
+                                       "eu-1", "gw2.example:443"]
+    alice = proxies[0]
+    assert alice.url == f"http://alice:{SECRET}@10.0.0.1:8080"
+    assert alice.server == "http://10.0.0.1:8080"
+    assert SECRET not in repr(alice) and SECRET not in str(alice)
+    assert proxies[1].url == "http://10.0.0.2:3128" and proxies[1].username is None
+    assert alice.playwright_proxy("<-loopback>") == {
+        "server": "http://10.0.0.1:8080", "username": "alice", "password": SECRET,
+        "bypass": "<-loopback>"}
+
+
+def test_percent_encoded_password_round_trips():
+    (proxy,) = parse_proxies("http://u%40corp:p%3Aw%2Fd@127.0.0.1:9")
+    assert (proxy.username, proxy.password) == ("u@corp", "p:w/d")
+    assert proxy.url == "http://u%40corp:p%3Aw%2Fd@127.0.0.1:9"  # as Scrapy expects it
+
+
+def test_file_of_proxies(tmp_path):
+    path = tmp_path / "proxies.txt"
+    path.write_text(f"# our pool\nhttp://u:{SECRET}@127.0.0.1:1001  # first\n\n"
+                    "127.0.0.1:1002#spare\n")
+    assert [p.id for p in parse_proxies(str(path))] == ["127.0.0.1:1001", "spare"]
+    assert [p.id for p in parse_proxies(path.as_uri())] == ["127.0.0.1:1001", "spare"]
+    assert parse_proxies("") == [] and parse_proxies(None) == []
+
+
+@pytest.mark.parametrize("value, expected", [
+    (f"127.0.0.1:1, ftp://u:{SECRET}@h.example:21", "entry 2 (h.example:21): scheme 'ftp'"),
+    (f"socks5://u:{SECRET}@h.example:1080", "SOCKS is not supported"),
+    (f"http://u:{SECRET}@h.example:99999", "entry 1 (h.example:99999): not a URL"),
+    (f"http://u:{SECRET}@h.example:80/path", "no path or query"),
+    (f"http://:{SECRET}@h.example:80", "userinfo without a user name"),
+    (f"http://u:{SECRET}@h.example:80,http://u:{SECRET}@h.example:80", "listed twice"),
+    ("/nonexistent/proxies.txt", "cannot read the proxy file"),
+])
+def test_bad_entries_name_the_entry_not_the_secret(value, expected):
+    with pytest.raises(ProxyConfigError) as info:
+        parse_proxies(value)
+    message = str(info.value)
+    assert expected in message and message.startswith("WEBFARM_PROXIES")
+    assert SECRET not in message
+
+
+# --- shared health: pools and middlewares on one real Redis ----------------------------------
+
+
+def make_pool(redis_url, proxies, **kwargs):
+    kwargs.setdefault("refresh", 0.0)
+    return ProxyPool(parse_proxies(proxies), redis.Redis.from_url(redis_url), **kwargs)
+
+
+def test_backoff_grows_caps_and_retires(redis_url):
+    clock = [1000.0]
+    pool = make_pool(redis_url, "127.0.0.1:1,127.0.0.1:2", base=10, cap=25, max_failures=4,
+                     clock=lambda: clock[0])
+    expected_delays = [10, 20, 25]
+    for n, delay in enumerate(expected_delays, 1):
+        counted, state = pool.record_failure("127.0.0.1:1", "ban status 403", clock[0])
+        assert counted and state.failures == n and not state.retired
+        assert state.cooldown_until == pytest.approx(clock[0] + delay)
+        assert pool.healthy_ids() == ["127.0.0.1:2"]
+        # A request sent before this incident fails too: same incident, not counted again.
+        assert pool.record_failure("127.0.0.1:1", "late", clock[0] - 1)[0] is False
+        clock[0] += delay
+        assert pool.healthy_ids() == ["127.0.0.1:1", "127.0.0.1:2"]
+    counted, state = pool.record_failure("127.0.0.1:1", "refused", clock[0])
+    assert counted and state.retired
+    clock[0] += 10_000
+    assert pool.healthy_ids() == ["127.0.0.1:2"] and pool.retired_ids() == ["127.0.0.1:1"]
+    assert pool.pick("h") is pool.proxies["127.0.0.1:2"]
+    assert pool.pick("h", exclude=["127.0.0.1:2"]) is None
+
+
+def test_success_after_the_incident_resets_the_count(redis_url):
+    clock = [1000.0]
+    pool = make_pool(redis_url, "127.0.0.1:1", base=1, max_failures=3, clock=lambda: clock[0])
+    pool.record_failure("127.0.0.1:1", "x", clock[0])
+    clock[0] += 5
+    pool.record_failure("127.0.0.1:1", "x", clock[0])
+    pool.record_success("127.0.0.1:1", "h", sent_at=clock[0] - 1)  # sent before: no proof
+    pool.refresh(force=True)
+    assert pool.state["127.0.0.1:1"].failures == 2
+    clock[0] += 10
+    pool.record_success("127.0.0.1:1", "h", sent_at=clock[0])
+    pool.refresh(force=True)
+    assert pool.state["127.0.0.1:1"].failures == 0
+    # so two more failures do not retire it
+    pool.record_failure("127.0.0.1:1", "x", clock[0])
+    clock[0] += 5
+    assert not pool.record_failure("127.0.0.1:1", "x", clock[0])[1].retired
+
+
+def test_rotation_and_sticky_hosts(redis_url):
+    pool = make_pool(redis_url, "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+    picks = [pool.pick("a").id for _ in range(6)]
+    assert picks == ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"] * 2
+
+    sticky = make_pool(redis_url, "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", sticky=True)
+    first_a, first_b = sticky.pick("a").id, sticky.pick("b").id
+    assert first_a != first_b
+    assert {sticky.pick("a").id for _ in range(5)} == {first_a}
+    # Another worker sees the same assignment; a banned sticky proxy is replaced for everyone.
+    other = make_pool(redis_url, "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", sticky=True)
+    assert other.pick("a").id == first_a
+    sticky.record_failure(first_a, "ban", sticky.clock())
+    moved = sticky.pick("a").id
+    assert moved != first_a and other.pick("a").id == moved
+
+
+def crawler_for(redis_url, proxies, **settings):
+    return get_crawler(settings_dict={
+        "REDIS_URL": redis_url, "WEBFARM_PROXIES": proxies,
+        "WEBFARM_PROXY_HEALTH_REFRESH": 0.0, "DOWNLOADER_MIDDLEWARES": {MW: 740}, **settings})
+
+
+def fetched(request, status=200, body=b"<html><body>fine</body></html>", headers=None):
+    return HtmlResponse(request.url, status=status, body=body, headers=headers,
+                        request=request)
+
+
+def test_second_worker_sees_a_proxy_banned_by_the_first(redis_url):
+    proxies = f"http://u:{SECRET}@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"
+    first = ProxyMiddleware.from_crawler(crawler_for(redis_url, proxies))
+    second = ProxyMiddleware.from_crawler(crawler_for(redis_url, proxies))
+
+    request = Request("http://127.0.0.2:8000/a")
+    first.process_request(request)
+    assert request.meta["webfarm_proxy"] == "127.0.0.1:1"
+    assert request.meta["proxy"] == f"http://u:{SECRET}@127.0.0.1:1"  # HttpProxyMiddleware's
+    retry = first.process_response(request, fetched(request, 407, b"auth please"))
+    assert isinstance(retry, Request) and retry.dont_filter
+    assert retry.meta["webfarm_proxy_tried"] == ["127.0.0.1:1"] and "proxy" not in retry.meta
+    first.process_request(retry)
+    assert retry.meta["webfarm_proxy"] != "127.0.0.1:1"
+
+    used = set()
+    for i in range(6):
+        r = Request(f"http://127.0.0.3:8000/{i}")
+        second.process_request(r)
+        used.add(r.meta["webfarm_proxy"])
+    assert used == {"127.0.0.1:2", "127.0.0.1:3"}
+    stored = redis.Redis.from_url(redis_url).hgetall("webfarm:proxies:127.0.0.1:1")
+    assert stored[b"failures"] == b"1" and float(stored[b"cooldown_until"]) > 0
+    assert SECRET.encode() not in b"".join(k + v for k, v in stored.items())
+
+
+def test_site_bans_do_not_burn_the_pool(redis_url):
+    mw = ProxyMiddleware.from_crawler(crawler_for(
+        redis_url, "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", WEBFARM_PROXY_RETRY_TIMES=5,
+        WEBFARM_PROXY_BAN_MARKERS=["IP is banned"]))
+    # The site refuses the page through every proxy: nobody is blamed, the site's answer
+    # goes on down the chain once every proxy was tried.
+    request = Request("http://127.0.0.2:8000/private")
+    outcomes = []
+    for _ in range(3):
+        mw.process_request(request)
+        outcome = mw.process_response(request, fetched(request, 403, b"Forbidden"))
+        outcomes.append(outcome)
+        request = outcome
+    assert [type(o).__name__ for o in outcomes] == ["Request", "Request", "HtmlResponse"]
+    assert outcomes[-1].status == 403
+    assert mw.pool.healthy_ids() == ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+    assert mw.stats.get_value("webfarm/proxies/site_bans") == 3
+
+    # Once a proxy fetched the host fine, a ban marker through another one is that proxy's.
+    ok = Request("http://127.0.0.2:8000/ok")
+    mw.process_request(ok)
+    good = ok.meta["webfarm_proxy"]
+    assert mw.process_response(ok, fetched(ok)).status == 200
+    banned = Request("http://127.0.0.2:8000/next")
+    mw.process_request(banned)
+    bad = banned.meta["webfarm_proxy"]
+    assert bad != good
+    retry = mw.process_response(banned, fetched(banned, 200, f"<p>{BAN_MARKER}</p>".encode()))
+    assert isinstance(retry, Request)
+    assert bad not in mw.pool.healthy_ids() and good in mw.pool.healthy_ids()
+    assert mw.stats.get_value(f"webfarm/proxies/{bad}/cooldowns") == 1
+
+    # A 429 with Retry-After that is not the proxy's fault is left to politeness.
+    slow = Request("http://127.0.0.3:8000/")
+    mw.process_request(slow)
+    response = fetched(slow, 429, b"slow down", {"Retry-After": "30"})
+    assert mw.process_response(slow, response) is response
+
+
+def test_connection_failures_retry_then_retry_later(redis_url):
+    mw = ProxyMiddleware.from_crawler(crawler_for(
+        redis_url, "127.0.0.1:1,127.0.0.1:2", WEBFARM_PROXY_RETRY_TIMES=1))
+    request = Request("http://127.0.0.2:8000/")
+    mw.process_request(request)
+    retry = mw.process_exception(request, TxConnectionRefused("refused"))
+    assert isinstance(retry, Request)
+    mw.process_request(retry)
+    with pytest.raises(RetryLater) as info:
+        mw.process_exception(retry, TxConnectionRefused("refused"))
+    assert "connection failed" in info.value.reason
+    assert mw.pool.healthy_ids() == []
+    # No healthy proxy left: the request waits in the frontier, never goes out directly.
+    with pytest.raises(RetryLater) as info:
+        mw.process_request(Request("http://127.0.0.2:8000/x"))
+    assert info.value.delay is not None and 0 < info.value.delay <= 30
+    assert mw.process_exception(request, ValueError("not ours")) is None
+
+
+def test_browser_requests_get_a_context_per_proxy(redis_url):
+    mw = ProxyMiddleware.from_crawler(crawler_for(
+        redis_url, f"http://u:{SECRET}@127.0.0.1:1,http://v:{SECRET}@127.0.0.1:2"))
+    request = Request("http://127.0.0.2:8000/", meta={
+        "playwright": True, "playwright_context_kwargs": {"java_script_enabled": True}},
+        headers={"Proxy-Authorization": "Basic stale"})
+    mw.process_request(request)
+    pid = request.meta["webfarm_proxy"]
+    assert request.meta["playwright_context"] == f"proxy-{pid}"
+    assert request.meta["playwright_context_kwargs"] == {
+        "java_script_enabled": True,
+        "proxy": {"server": f"http://{pid}", "username": "u", "password": SECRET}}
+    # The browser copies Scrapy headers to the site: no proxy credentials among them.
+    assert request.meta["proxy"] is None and b"Proxy-Authorization" not in request.headers
+
+    # After the download the password is gone from meta; a retry carries none either.
+    retry = mw.process_response(request, fetched(request, 407, b"no"))
+    assert SECRET not in json.dumps(request.meta, default=str)
+    assert "playwright_context_kwargs" not in retry.meta or "proxy" not in retry.meta[
+        "playwright_context_kwargs"]
+    assert SECRET not in serialize.dumps(retry.to_dict())
+
+
+def test_off_without_proxies_and_order_is_checked(redis_url):
+    from scrapy.exceptions import NotConfigured
+
+    with pytest.raises(NotConfigured):
+        ProxyMiddleware.from_crawler(crawler_for(redis_url, ""))
+    with pytest.raises(ValueError, match="lower DOWNLOADER_MIDDLEWARES priority"):
+        ProxyMiddleware.from_crawler(crawler_for(redis_url, "127.0.0.1:1",
+                                                 DOWNLOADER_MIDDLEWARES={MW: 800}))
+
+
+# --- real crawls through real proxies ---------------------------------------------------------
+
+
+@pytest.fixture()
+def proxies():
+    """Two good proxies (one needs credentials) and one bad one, on loopback."""
+    servers = [ProxyServer("ok").start(), ProxyServer("auth", credentials=("crawler", SECRET)),
+               ProxyServer("ban")]
+    for s in servers[1:]:
+        s.start()
+    yield servers
+    for s in servers:
+        s.stop()
+
+
+def crawl_through(proxy_setting, redis_url, mongo_uri, mongo_db_name, tmp_path, base, *extra):
+    env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri,
+                         MONGO_DATABASE=mongo_db_name,
+                         BLOB_STORE_URI=(tmp_path / "blobs").as_uri(),
+                         WEBFARM_PROXIES=proxy_setting)
+    args = ["crawl", "generic", "-a", f"start={base}/", "-s", "LOG_LEVEL=DEBUG",
+            "-s", json_setting("DOWNLOADER_MIDDLEWARES", with_proxies()),
+            "-s", "WEBFARM_PROXY_BACKOFF_BASE=0.3", "-s", "WEBFARM_PROXY_MAX_FAILURES=3",
+            "-s", "WEBFARM_PROXY_HEALTH_REFRESH=0.2", *extra]
+    result = runner.scrapy(args, env, timeout=90)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "Traceback" not in result.output, result.output[-3000:]
+    return result
+
+
+def with_proxies():
+    """The project's downloader middlewares plus this one (``-s`` replaces the whole dict)."""
+    return {**getattr(base_settings, "DOWNLOADER_MIDDLEWARES", {}), MW: 740}
+
+
+def json_setting(name, value):
+    return f"{name}={json.dumps(value)}"
+
+
+def stats_from(output):
+    """The final stats dump of a crawl log, as a dict."""
+    dump = output.split("Dumping Scrapy stats:", 1)[1]
+    body = dump[dump.index("{"):]
+    depth = 0
+    for i, ch in enumerate(body):
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if depth == 0:
+            return eval(body[: i + 1], {"datetime": __import__("datetime")})  # noqa: S307
+    raise AssertionError("no stats dump")
+
+
+def assert_no_secret(result, mongo_uri, mongo_db_name, redis_url):
+    assert SECRET not in result.output
+    db = pymongo.MongoClient(mongo_uri)[mongo_db_name]
+    for name in db.list_collection_names():
+        for doc in db[name].find():
+            assert SECRET not in json.dumps(doc, default=str), (name, doc["_id"])
+    r = redis.Redis.from_url(redis_url)
+    for key in r.scan_iter():
+        kind = r.type(key)
+        if kind == b"hash":
+            blob = b"".join(k + v for k, v in r.hgetall(key).items())
+        elif kind == b"zset":
+            blob = b"".join(r.zrange(key, 0, -1))
+        elif kind == b"list":
+            blob = b"".join(r.lrange(key, 0, -1))
+        elif kind == b"string":
+            blob = r.get(key) or b""
+        else:
+            continue
+        assert SECRET.encode() not in blob, key
+
+
+def test_crawl_moves_off_a_banning_proxy(web, proxies, redis_url, mongo_uri, mongo_db_name,
+                                         tmp_path):
+    ok, auth, ban = proxies
+    base = web.base_urls[0]
+    setting = f"{ok.url}, {auth.url_with('crawler', SECRET)}, {ban.url}"
+    result = crawl_through(setting, redis_url, mongo_uri, mongo_db_name, tmp_path, base,
+                           "-s", json_setting("WEBFARM_PROXY_BAN_MARKERS", ["IP is banned"]))
+
+    db = pymongo.MongoClient(mongo_uri)[mongo_db_name]
+    assert {d["url"] for d in db.pages.find()} == web.expected_pages(base)
+    assert {d["status"] for d in db.pages.find()} == {200}
+    # Every page the site served came through one of the good proxies.
+    relayed = ok.relayed_count() + auth.relayed_count()
+    assert relayed == len(web.hits_for(host=base)) and ban.relayed_count() == 0
+    assert ok.relayed_count() > 20 and auth.relayed_count() > 20
+    # The banning proxy got few requests before it was retired, and is retired for everyone.
+    ban_id = ban.url.split("//")[1]
+    assert 3 <= len(ban.entries()) < relayed / 3
+    state = redis.Redis.from_url(redis_url).hgetall(f"webfarm:proxies:{ban_id}")
+    assert state[b"retired"] == b"1" and int(state[b"failures"]) >= 3
+    stats = stats_from(result.output)
+    assert stats["webfarm/proxies/healthy"] == [ok.url.split("//")[1], auth.url.split("//")[1]]
+    assert stats["webfarm/proxies/retired"] == [ban_id]
+    assert stats[f"webfarm/proxies/{ban_id}/bans"] == len(ban.entries())
+    assert stats["webfarm/proxies/retries"] >= len(ban.entries())
+    assert f"proxy {ban_id} retired after 3 consecutive failures" in result.output
+    # The proxy that needs credentials got the right ones on every request, never a 407.
+    auth_entries = auth.entries()
+    assert auth_entries and {e.status for e in auth_entries} == {200}
+    assert {e.proxy_authorization for e in auth_entries} == {
+        "Basic " + __import__("base64").b64encode(f"crawler:{SECRET}".encode()).decode()}
+    # ... and the site never saw them.
+    assert not [h for h in web.hits if "proxy-authorization" in h.headers]
+    assert_no_secret(result, mongo_uri, mongo_db_name, redis_url)
+
+
+def test_crawl_survives_a_refusing_proxy_listed_in_a_file(web, redis_url, mongo_uri,
+                                                           mongo_db_name, tmp_path):
+    base = web.base_urls[1]
+    with ProxyServer("ok") as one, ProxyServer("ok") as two, ProxyServer("refuse") as dead:
+        path = tmp_path / "proxies.txt"
+        path.write_text(f"# test pool\n{one.url}\n{dead.url}#dead\n{two.url}  # spare\n")
+        result = crawl_through(str(path), redis_url, mongo_uri, mongo_db_name, tmp_path, base)
+
+        db = pymongo.MongoClient(mongo_uri)[mongo_db_name]
+        assert {d["url"] for d in db.pages.find()} == web.expected_pages(base)
+        assert one.relayed_count() + two.relayed_count() == len(web.hits_for(host=base))
+        assert min(one.relayed_count(), two.relayed_count()) > 20
+    state = redis.Redis.from_url(redis_url).hgetall("webfarm:proxies:dead")
+    assert state[b"retired"] == b"1"
+    stats = stats_from(result.output)
+    assert stats["webfarm/proxies/retired"] == ["dead"]
+    assert stats["webfarm/proxies/dead/failures"] >= 3
+    assert "proxy dead retired after 3 consecutive failures (last: connection failed" in (
+        result.output)
+
+
+def test_bad_proxy_entry_stops_the_crawl_with_one_clear_line(redis_url, mongo_uri, tmp_path):
+    env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri, MONGO_DATABASE="wf_badproxy",
+                         BLOB_STORE_URI=(tmp_path / "b").as_uri(),
+                         WEBFARM_PROXIES=f"127.0.0.1:3128, http://u:{SECRET}@127.0.0.1:notaport")
+    result = runner.scrapy(["crawl", "generic", "-a", "start=http://127.0.0.2:1/",
+                            "-s", json_setting("DOWNLOADER_MIDDLEWARES", with_proxies())],
+                           env, timeout=60)
+    assert result.returncode != 0
+    assert re.search(r"WEBFARM_PROXIES: entry 2 \(127\.0\.0\.1:notaport\): not a URL",
+                     result.output), result.output[-2000:]
+    assert SECRET not in result.output
