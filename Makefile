@@ -33,7 +33,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 bench: setup
-	$(PY) bench/run_all.py
+	$(PY) bench/run_all.py $(ARGS)
 
 services-down: $(STAMP)
 	$(VENV)/bin/scrapy services down
