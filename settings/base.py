@@ -75,6 +75,7 @@ WEBFARM_IDLE_TIMEOUT = _env_float("WEBFARM_IDLE_TIMEOUT", 10.0)
 # Retries go through the frontier (backoff, dead-letter queue), not Scrapy's RetryMiddleware.
 RETRY_ENABLED = True
 DOWNLOADER_MIDDLEWARES = {
+    "middlewares.ssrf.SSRFGuardMiddleware": 50,
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     "middlewares.retry.FrontierRetryMiddleware": 550,
 }
@@ -87,6 +88,14 @@ AUTOTHROTTLE_MAX_DELAY = 60.0
 EXTENSIONS = {
     "webfarm.throttle.HostThrottle": 500,
 }
+
+# --- SSRF guard (middlewares/ssrf.py, webfarm/netguard.py) ---------------------------
+# Requests whose host resolves to a loopback, private, link-local (cloud metadata),
+# multicast or reserved address are dead-lettered, redirect hops included.
+WEBFARM_SSRF_GUARD = _env("WEBFARM_SSRF_GUARD", "1").lower() not in ("0", "false", "no", "off")
+# Comma-separated CIDRs allowed anyway (e.g. 10.20.0.0/16 for an intranet crawl).
+WEBFARM_ALLOWED_NETWORKS = _env("WEBFARM_ALLOWED_NETWORKS")
+WEBFARM_SSRF_DNS_CACHE = 30.0  # seconds a checked resolution is reused
 
 # --- storage ----------------------------------------------------------------
 ITEM_PIPELINES = {

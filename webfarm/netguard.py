@@ -110,6 +110,14 @@ def classify(ip: IPAddress) -> str | None:
     return None
 
 
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
 class NetGuard:
     """Decides whether an address or URL may be fetched; caches resolutions briefly."""
 
@@ -199,10 +207,11 @@ class NetGuard:
             return f"cannot resolve {host!r}: {exc}"
         if not addresses:
             return f"cannot resolve {host!r}: no address"
+        literal = _is_ip(host)
         for ip in addresses:
             reason = self.check_ip(ip)
             if reason is not None:
-                return reason if ip == host else f"{host} resolves to {reason}"
+                return reason if literal else f"{host} resolves to {reason}"
         return None
 
     async def resolve(self, host: str) -> list[str]:
