@@ -1,4 +1,4 @@
-"""Pages and contents to the index DB (MongoDB)."""
+"""Pages and contents to the index DB (MongoDB), in batched bulk upserts."""
 
 from __future__ import annotations
 
@@ -8,49 +8,76 @@ from scrapy.crawler import Crawler
 from scrapy.statscollectors import StatsCollector
 
 from webfarm import config
-from webfarm.index import IndexStore
+from webfarm.batching import Batcher
+from webfarm.index import IndexStore, PageRecord, RefetchPolicy, load_refetch_policy
 from webfarm.items import PageItem
 from webfarm.threads import StorageThreads, storage_threads
 
 
 class IndexPipeline:
-    """Upserts ``pages`` and ``contents`` for each :class:`PageItem`."""
+    """Upserts ``pages`` and ``contents`` for each :class:`PageItem`.
+
+    Pages are written in batches (``WEBFARM_INDEX_BATCH_SIZE`` pages or
+    ``WEBFARM_INDEX_BATCH_SECONDS``, whichever comes first), and an item is done
+    only when its batch is stored: the frontier acknowledges the request after
+    that, never before. Every fetch sets ``refetch_interval``/``next_fetch_at``
+    through the ``WEBFARM_REFETCH_POLICY`` object.
+    """
 
     def __init__(
         self, store: IndexStore, stats: StatsCollector, threads: StorageThreads,
-        refetch_interval: float,
+        batch_size: int = 100, batch_seconds: float = 0.2, retry_seconds: float = 300.0,
     ) -> None:
         self.store = store
         self.stats = stats
         self.threads = threads
-        self.refetch_interval = refetch_interval
+        self.batcher: Batcher[PageItem, PageRecord] = Batcher(
+            self._write, size=batch_size, seconds=batch_seconds, retry_seconds=retry_seconds,
+            what="index write", stats=stats, stat_prefix="webfarm/index",
+        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> IndexPipeline:
         settings = crawler.settings
-        store = IndexStore(config.mongo_uri(settings), settings.get("MONGO_DATABASE") or "webfarm")
+        refetch: RefetchPolicy = load_refetch_policy(crawler)
+        distance = settings.getint("WEBFARM_NEARDUP_DISTANCE", 3)
+        store = IndexStore(
+            config.mongo_uri(settings), settings.get("MONGO_DATABASE") or "webfarm",
+            refetch=refetch,
+            neardup_distance=distance if settings.getbool("WEBFARM_NEARDUP", True) else -1,
+        )
         assert crawler.stats is not None
         return cls(
             store, crawler.stats, storage_threads(crawler),
-            settings.getfloat("WEBFARM_REFETCH_INTERVAL", 86400.0),
+            settings.getint("WEBFARM_INDEX_BATCH_SIZE", 100),
+            settings.getfloat("WEBFARM_INDEX_BATCH_SECONDS", 0.2),
+            settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", 300.0),
         )
 
     async def open_spider(self) -> None:
         await self.threads.run(self.store.ensure_indexes)
 
     async def close_spider(self) -> None:
+        await self.batcher.flush()
         self.store.close()
+
+    async def _write(self, pages: list[PageItem]) -> list[PageRecord]:
+        return await self.threads.run(self.store.record_pages, [vars(p) for p in pages])
 
     async def process_item(self, item: Any) -> Any:
         if not isinstance(item, PageItem):
             return item
-        if not item.blob_key:
+        if not item.blob_key and not item.not_modified:
             raise ValueError("PageItem has no blob_key: enable BlobStorePipeline first")
-        record = await self.threads.run(self.store.record_page, vars(item), self.refetch_interval)
-        self.stats.inc_value("webfarm/index/pages_new" if record.new_page else
-                             "webfarm/index/pages_updated")
+        record = await self.batcher.submit(item)
+        inc = self.stats.inc_value
+        if record.not_modified:
+            inc("webfarm/index/not_modified")
+        inc("webfarm/index/pages_new" if record.new_page else "webfarm/index/pages_updated")
         if record.duplicate_of:
-            self.stats.inc_value("webfarm/index/duplicates")
+            inc("webfarm/index/duplicates")
+        if record.near_duplicate_of:
+            inc("webfarm/index/near_duplicates")
         if record.changed:
-            self.stats.inc_value("webfarm/index/changed")
+            inc("webfarm/index/changed")
         return item

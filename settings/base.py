@@ -102,11 +102,29 @@ ITEM_PIPELINES = {
     "pipelines.content.ContentHashPipeline": 100,
     "pipelines.blobs.BlobStorePipeline": 300,
     "pipelines.index.IndexPipeline": 500,
+    "pipelines.items.ItemStorePipeline": 600,  # structured items (webfarm/itemstore.py)
 }
 # Threads that run blocking storage calls (boto3, pymongo) off the reactor.
 WEBFARM_STORAGE_THREADS = 8
 # First refetch interval of a new page, in seconds (the refetch policy moves it later).
 WEBFARM_REFETCH_INTERVAL = _env_float("WEBFARM_REFETCH_INTERVAL", 86400.0)
+# Object computing refetch_interval/next_fetch_at on every fetch (import path; from_crawler).
+WEBFARM_REFETCH_POLICY = "webfarm.index.FixedRefetch"
+# Pages (or items) per bulk write, and the longest a page waits for its batch (seconds);
+# an item is done, and its request acknowledged, only once its batch is written.
+WEBFARM_INDEX_BATCH_SIZE = 100
+WEBFARM_INDEX_BATCH_SECONDS = 0.2
+# A failing MongoDB/S3 is retried with backoff this long; then the request goes back to the
+# frontier (retried later, nothing acknowledged).
+WEBFARM_STORAGE_RETRY_SECONDS = _env_float("WEBFARM_STORAGE_RETRY_SECONDS", 300.0)
+WEBFARM_BLOB_CONCURRENCY = 4  # blob writes at once (threads and S3 connections they may use)
+WEBFARM_S3_MAX_ATTEMPTS = 5  # botocore "standard" retry mode attempts per S3 call
+# Near-duplicates: SimHash of the normalised text (off the reactor), recorded within this many
+# bits (<= 3 is found exactly by the 4x16-bit band index; see webfarm/neardup.py).
+WEBFARM_NEARDUP = True
+WEBFARM_NEARDUP_DISTANCE = 3
+# Extra regexes masked before content hashing (added to webfarm.content's built-in list).
+WEBFARM_VOLATILE_PATTERNS: list[str] = []
 
 # --- runtime -----------------------------------------------------------------
 TWISTED_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"

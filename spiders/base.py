@@ -16,7 +16,7 @@ import scrapy
 from scrapy.http import Response, TextResponse
 from scrapy.linkextractors import LinkExtractor
 
-from webfarm.items import PageItem
+from webfarm.items import ItemSource, PageItem, attach_source
 from webfarm.urls import host_of
 
 
@@ -89,7 +89,10 @@ class WebfarmSpider(scrapy.Spider):
 
     def page_item(self, response: Response) -> PageItem:
         request_url = response.meta.get("redirect_urls", [response.url])[0]
-        content_type = response.headers.get(b"Content-Type", b"").decode("latin-1")
+        headers = response.headers
+        content_type = headers.get(b"Content-Type", b"").decode("latin-1")
+        etag = headers.get(b"ETag")
+        last_modified = headers.get(b"Last-Modified")
         return PageItem(
             url=request_url,
             final_url=response.url,
@@ -102,20 +105,35 @@ class WebfarmSpider(scrapy.Spider):
             headers={k.decode("latin-1"): b",".join(v).decode("latin-1")
                      for k, v in response.headers.items()},
             fetched_at=time.time(),
+            etag=etag.decode("latin-1") if etag else None,
+            last_modified=last_modified.decode("latin-1") if last_modified else None,
+            not_modified=response.status == 304,
             fetch_method="browser" if "playwright" in response.flags else "http",
         )
 
     def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:
         self.pages_seen += 1
-        yield self.page_item(response)
-        yield from self.extract(response)
+        page = self.page_item(response)
+        yield page
+        if not page.not_modified:  # a 304 has no body to extract from
+            yield from self.extracted(response, ItemSource(page.url, page=page))
         under_limit = not self.max_pages or self.pages_seen < self.max_pages
         if self.follow_links and under_limit and isinstance(response, TextResponse):
             yield from self.follow(response)
 
     def extract(self, response: Response) -> Iterable[Any]:
-        """Structured items of a page; site spiders override this."""
+        """Structured items of a page; site spiders override this. Items go to the item
+        store (see :mod:`webfarm.itemstore` for collections and keys); ``scrapy reparse``
+        calls this same method on stored pages."""
         return ()
+
+    def extracted(self, response: Response, source: ItemSource) -> Iterator[Any]:
+        """:meth:`extract`'s output, each item tagged with the page it came from (an item
+        pipeline receives only the item; the item store needs the page's URL and hash)."""
+        for output in self.extract(response) or ():
+            if not isinstance(output, scrapy.Request):
+                attach_source(output, source)
+            yield output
 
     def follow(self, response: TextResponse) -> Iterator[scrapy.Request]:
         for link in self.link_extractor.extract_links(response):

@@ -137,7 +137,7 @@ class S3BlobStore:
 
     def __init__(
         self, bucket: str, prefix: str = "", endpoint_url: str | None = None,
-        max_connections: int = 16, uri: str | None = None,
+        max_connections: int = 16, uri: str | None = None, max_attempts: int = 5,
     ) -> None:
         import boto3
         from botocore.config import Config
@@ -147,7 +147,7 @@ class S3BlobStore:
         self.endpoint_url = endpoint_url
         self.uri = uri or f"s3://{bucket}/{self.prefix}"
         config = Config(
-            retries={"mode": "standard", "max_attempts": 5},
+            retries={"mode": "standard", "max_attempts": max_attempts},
             max_pool_connections=max_connections,
             connect_timeout=5,
             read_timeout=30,
@@ -215,8 +215,11 @@ class S3BlobStore:
                 yield obj["Key"][len(self.prefix):]
 
 
-def open_blob_store(uri: str, endpoint_url: str | None = None) -> FileBlobStore | S3BlobStore:
-    """A store for ``s3://bucket/prefix`` or ``file:///path``."""
+def open_blob_store(
+    uri: str, endpoint_url: str | None = None, max_attempts: int = 5, max_connections: int = 16,
+) -> FileBlobStore | S3BlobStore:
+    """A store for ``s3://bucket/prefix`` or ``file:///path``; ``max_attempts`` is
+    botocore's retry budget per S3 call, ``max_connections`` its connection pool."""
     parts = urlsplit(uri)
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost"):
@@ -225,5 +228,6 @@ def open_blob_store(uri: str, endpoint_url: str | None = None) -> FileBlobStore 
     if parts.scheme == "s3":
         if not parts.netloc:
             raise BlobStoreError(f"S3 URI {uri!r} has no bucket; use s3://bucket/prefix")
-        return S3BlobStore(parts.netloc, parts.path, endpoint_url=endpoint_url, uri=uri)
+        return S3BlobStore(parts.netloc, parts.path, endpoint_url=endpoint_url, uri=uri,
+                           max_attempts=max_attempts, max_connections=max_connections)
     raise BlobStoreError(f"unknown blob store {uri!r}; use s3://bucket/prefix or file:///path")

@@ -53,10 +53,12 @@ from w3lib.encoding import html_to_unicode, http_content_type_encoding
 __all__ = [
     "DEFAULT_VOLATILE_PATTERNS",
     "content_hash",
+    "fingerprint",
     "hamming",
     "is_html",
     "normalise_html",
     "simhash",
+    "volatile_patterns",
 ]
 
 _VALUE = r"(?P<v>[^?&;#\s<>\"']+)"
@@ -342,3 +344,40 @@ def simhash(text: str, bits: int = 64) -> int:
 def hamming(a: int, b: int) -> int:
     """Number of differing bits between two simhashes."""
     return (a ^ b).bit_count()
+
+
+def fingerprint(
+    body: bytes,
+    content_type: str | bytes | None = None,
+    encoding: str | None = None,
+    volatile: Sequence[str | re.Pattern[str]] = DEFAULT_VOLATILE_PATTERNS,
+    with_simhash: bool = False,
+) -> tuple[str, int | None]:
+    """:func:`content_hash` and, if asked, the :func:`simhash` of the same normalised text
+    (HTML only; None otherwise), normalising the page once for both."""
+    body = body or b""
+    if not is_html(body, content_type):
+        return hashlib.sha256(body).hexdigest(), None
+    if encoding is None and content_type:
+        if isinstance(content_type, bytes):
+            content_type = content_type.decode("latin-1")
+        encoding = http_content_type_encoding(content_type)
+    text = normalise_html(body, encoding, volatile)
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return digest, simhash(text) if with_simhash else None
+
+
+def volatile_patterns(extra: Sequence[str] | str | None) -> tuple[str, ...]:
+    """The built-in patterns plus ``WEBFARM_VOLATILE_PATTERNS`` (a list, or one regex per
+    line). Raises ValueError naming a pattern that does not compile."""
+    if isinstance(extra, str):
+        extra = [line for line in extra.splitlines() if line.strip()]
+    added = tuple(p.strip() for p in extra or () if p and p.strip())
+    for pattern in added:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(
+                f"WEBFARM_VOLATILE_PATTERNS: {pattern!r} is not a valid regex ({exc}); fix it"
+            ) from None
+    return DEFAULT_VOLATILE_PATTERNS + added

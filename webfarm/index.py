@@ -1,24 +1,79 @@
-"""The index DB: ``pages`` and ``contents`` in MongoDB, written by idempotent upserts.
+"""The index DB: ``pages`` and ``contents`` in MongoDB, written by idempotent bulk upserts.
 
 A page is keyed by its URL fingerprint, a content by its hash. Recording the
 same fetch twice changes only counters and times, so a redelivered request
 (at-least-once frontier) is harmless. Calls are blocking (pymongo); the index
-pipeline runs them off the reactor thread.
+pipeline batches pages and runs :meth:`IndexStore.record_pages` off the reactor.
+
+One batch is a few round trips whatever its size: read the stored pages
+(``$in``), upsert ``contents`` (``url_count`` moves by ``$inc``, guarded by the
+fetch's id so a retried batch counts once), read the contents back (who was
+first: ``duplicate_of``), look up near-duplicates by SimHash band, then upsert
+``pages``. Each page upsert is conditional on the ``fetch_count`` it was read
+with: a concurrent writer of the same page makes it fail with a duplicate-key
+error, and that page is simply re-read and written again.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pymongo
-from pymongo import ReturnDocument
-from pymongo.errors import DuplicateKeyError
+from pymongo import UpdateOne
+from pymongo.collection import Collection
+from pymongo.errors import BulkWriteError
+from scrapy.crawler import Crawler
+from scrapy.utils.misc import build_from_crawler, load_object
 
+from webfarm import neardup
 from webfarm.urls import canonical_url, url_fingerprint
 
 PAGE_INDEXES = ("content_hash", "host", "next_fetch_at", "spider")
+CONTENT_INDEXES = ("simhash_bands",)
+APPLIED_KEEP = 64  # recent fetch ids remembered per content (retried $inc are skipped)
+DUPLICATE_KEY = 11000
+DEFAULT_REFETCH_POLICY = "webfarm.index.FixedRefetch"
+# Response headers kept in ``pages`` (re-parse rebuilds the response from them); never cookies.
+_SKIP_HEADERS = frozenset({"set-cookie", "set-cookie2"})
+
+
+class RefetchPolicy(Protocol):
+    def fields(
+        self, before: dict[str, Any] | None, changed: bool, fetched_at: dt.datetime
+    ) -> dict[str, Any]:
+        """``$set`` fields of a page on each fetch; at least ``refetch_interval`` (seconds)
+        and ``next_fetch_at``. ``before`` is the stored page (None if new); ``changed``
+        is True when a stored page's content hash differs (False for new or 304 pages)."""
+        ...
+
+
+class FixedRefetch:
+    """The default policy (``WEBFARM_REFETCH_POLICY``): every page again after
+    ``WEBFARM_REFETCH_INTERVAL`` seconds, whatever happened."""
+
+    def __init__(self, interval_seconds: float = 86400.0) -> None:
+        self.interval = float(interval_seconds)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> FixedRefetch:
+        return cls(crawler.settings.getfloat("WEBFARM_REFETCH_INTERVAL", 86400.0))
+
+    def fields(
+        self, before: dict[str, Any] | None, changed: bool, fetched_at: dt.datetime
+    ) -> dict[str, Any]:
+        return {
+            "refetch_interval": self.interval,
+            "next_fetch_at": fetched_at + dt.timedelta(seconds=self.interval),
+        }
+
+
+def load_refetch_policy(crawler: Crawler) -> RefetchPolicy:
+    """The policy named by ``WEBFARM_REFETCH_POLICY`` (an import path), built from the crawler."""
+    path = crawler.settings.get("WEBFARM_REFETCH_POLICY") or DEFAULT_REFETCH_POLICY
+    return build_from_crawler(load_object(path), crawler)
 
 
 @dataclass(frozen=True)
@@ -30,99 +85,239 @@ class PageRecord:
     changed: bool
     new_content: bool
     duplicate_of: str | None
+    near_duplicate_of: str | None = None
+    near_duplicate_distance: int | None = None
+    not_modified: bool = False
 
 
 def utc(ts: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc)
 
 
+def bulk_upsert(collection: Collection, ops: list[UpdateOne]) -> list[int]:
+    """``bulk_write(ordered=False)``; returns the indexes of ops that hit a duplicate key.
+
+    Any other write error raises (the caller retries the whole batch)."""
+    if not ops:
+        return []
+    try:
+        collection.bulk_write(ops, ordered=False)
+    except BulkWriteError as exc:
+        errors = exc.details.get("writeErrors", [])
+        other = [e for e in errors if e.get("code") != DUPLICATE_KEY]
+        if other or exc.details.get("writeConcernErrors"):
+            raise
+        return sorted(e["index"] for e in errors)
+    return []
+
+
+def upsert_guarded(collection: Collection, ops: list[UpdateOne]) -> None:
+    """Upserts whose filter says "not applied yet": a duplicate key means another writer
+    inserted the document first (try once more, now it matches) or that this op was
+    already applied (its filter no longer matches): either way, done."""
+    dup = bulk_upsert(collection, ops)
+    if dup:
+        bulk_upsert(collection, [ops[i] for i in dup])
+
+
 class IndexStore:
-    def __init__(self, uri: str, database: str = "webfarm", timeout_ms: int = 10_000) -> None:
+    def __init__(
+        self, uri: str, database: str = "webfarm", timeout_ms: int = 10_000,
+        refetch: RefetchPolicy | None = None, neardup_distance: int = 3,
+    ) -> None:
         self.client: pymongo.MongoClient = pymongo.MongoClient(
             uri, serverSelectionTimeoutMS=timeout_ms, tz_aware=True, retryWrites=True
         )
         self.db = self.client[database]
         self.pages = self.db["pages"]
         self.contents = self.db["contents"]
+        self.refetch: RefetchPolicy = refetch or FixedRefetch()
+        self.neardup_distance = neardup_distance
 
     def ensure_indexes(self) -> None:
         for name in PAGE_INDEXES:
             self.pages.create_index(name)
+        for name in CONTENT_INDEXES:
+            self.contents.create_index(name)
 
     def close(self) -> None:
         self.client.close()
 
-    def _content(self, page: dict[str, Any], page_id: str, now: dt.datetime) -> dict[str, Any]:
-        for _ in range(2):  # a concurrent first insert of the same hash loses the race once
-            try:
-                return self.contents.find_one_and_update(
-                    {"_id": page["content_hash"]},
-                    {
-                        "$setOnInsert": {
-                            "blob_key": page["blob_key"],
-                            "size": len(page["body"]),
-                            "first_url": canonical_url(page["url"]),
-                            "first_page_id": page_id,
-                            "first_seen": now,
-                            "url_count": 0,
-                        }
-                    },
-                    upsert=True,
-                    return_document=ReturnDocument.AFTER,
-                )
-            except DuplicateKeyError:
-                continue
-        raise RuntimeError(f"could not upsert content {page['content_hash']}")
+    # -- writing pages ----------------------------------------------------------------------
 
-    def record_page(self, page: dict[str, Any], refetch_interval: float) -> PageRecord:
+    def record_page(self, page: dict[str, Any], refetch_interval: float | None = None
+                    ) -> PageRecord:
         """Upsert ``pages`` and ``contents`` for one fetched page (a PageItem as a dict)."""
-        page_id = url_fingerprint(page["url"])
-        fetched = utc(page["fetched_at"])
-        content = self._content(page, page_id, fetched)
-        new_content = content["first_page_id"] == page_id and content["url_count"] == 0
-        duplicate_of = None if content["first_page_id"] == page_id else content["first_page_id"]
-        interval = refetch_interval
-        before = self.pages.find_one_and_update(
-            {"_id": page_id},
-            {
-                "$set": {
-                    "url": canonical_url(page["url"]),
-                    "final_url": page["final_url"],
-                    "host": page["host"],
-                    "spider": page["spider"],
-                    "status": page["status"],
-                    "fetched_at": fetched,
-                    "fetch_method": page["fetch_method"],
-                    "content_type": page.get("content_type") or "",
-                    "content_hash": page["content_hash"],
-                    "blob_key": page["blob_key"],
-                    "duplicate_of": duplicate_of,
-                },
-                "$inc": {"fetch_count": 1},
-                "$setOnInsert": {
-                    "first_fetched_at": fetched,
-                    "change_count": 0,
-                    "last_changed_at": fetched,
-                    "refetch_interval": interval,
-                    "next_fetch_at": fetched + dt.timedelta(seconds=interval),
-                },
-            },
+        policy = FixedRefetch(refetch_interval) if refetch_interval is not None else None
+        return self.record_pages([page], policy)[0]
+
+    def record_pages(self, pages: list[dict[str, Any]], refetch: RefetchPolicy | None = None
+                     ) -> list[PageRecord]:
+        """Upsert a batch of pages (PageItems as dicts); one record per page, in order."""
+        policy = refetch or self.refetch
+        pages = [p if p.get("fetch_id") else {**p, "fetch_id": uuid.uuid4().hex} for p in pages]
+        records: dict[int, PageRecord] = {}
+        pending = list(range(len(pages)))
+        for _ in range(20):
+            batch: list[int] = []
+            later: list[int] = []
+            seen: set[str] = set()
+            for i in pending:  # the same page twice in a batch: the second one next round
+                pid = url_fingerprint(pages[i]["url"])
+                (later if pid in seen else batch).append(i)
+                seen.add(pid)
+            conflicts = self._write(pages, batch, policy, records)
+            pending = sorted(conflicts + later)
+            if not pending:
+                return [records[i] for i in range(len(pages))]
+        raise RuntimeError(f"{len(pending)} pages kept conflicting with concurrent writers")
+
+    def _write(self, pages: list[dict[str, Any]], batch: list[int], policy: RefetchPolicy,
+               records: dict[int, PageRecord]) -> list[int]:
+        ids = {i: url_fingerprint(pages[i]["url"]) for i in batch}
+        before = {d["_id"]: d for d in self.pages.find({"_id": {"$in": list(ids.values())}})}
+        # 1. contents: insert new ones, move url_count from the old hash to the new one.
+        content_ops: list[UpdateOne] = []
+        for i in batch:
+            page, b = pages[i], before.get(ids[i])
+            if page.get("not_modified") or (b and b.get("fetch_id") == page["fetch_id"]):
+                continue
+            old, new = (b or {}).get("content_hash"), page["content_hash"]
+            if old == new:
+                continue
+            content_ops.append(self._content_op(page, ids[i]))
+            if old:
+                tag = "-" + page["fetch_id"]
+                content_ops.append(UpdateOne(
+                    {"_id": old, "applied": {"$ne": tag}},
+                    {"$inc": {"url_count": -1},
+                     "$push": {"applied": {"$each": [tag], "$slice": -APPLIED_KEEP}}},
+                ))
+        upsert_guarded(self.contents, content_ops)
+        # 2. who holds each content first, and near-duplicates of new contents.
+        hashes = {pages[i]["content_hash"] for i in batch if pages[i].get("content_hash")}
+        contents = {d["_id"]: d for d in self.contents.find(
+            {"_id": {"$in": list(hashes)}}, {"first_page_id": 1, "simhash": 1, "first_seen": 1})}
+        near = self._near_duplicates(pages, batch, ids, contents)
+        # 3. pages, each conditional on the version it was read at.
+        ops: list[UpdateOne] = []
+        order: list[int] = []
+        for i in batch:
+            page, pid, b = pages[i], ids[i], before.get(ids[i])
+            if b and b.get("fetch_id") == page["fetch_id"]:  # a retry of an applied write
+                records[i] = PageRecord(pid, False, False, False, b.get("duplicate_of"),
+                                        b.get("near_duplicate_of"),
+                                        b.get("near_duplicate_distance"),
+                                        bool(page.get("not_modified")))
+                continue
+            content = contents.get(page.get("content_hash") or "")
+            op, record = self._page_op(page, pid, b, content, near.get(i), policy)
+            ops.append(op)
+            order.append(i)
+            records[i] = record
+        conflicts = [order[k] for k in bulk_upsert(self.pages, ops)]
+        for i in conflicts:
+            del records[i]
+        return conflicts
+
+    def _content_op(self, page: dict[str, Any], pid: str) -> UpdateOne:
+        tag = "+" + page["fetch_id"]
+        fields: dict[str, Any] = {
+            "blob_key": page["blob_key"],
+            "size": len(page.get("body") or b""),
+            "first_url": canonical_url(page["url"]),
+            "first_page_id": pid,
+            "first_seen": utc(page["fetched_at"]),
+        }
+        if page.get("simhash") is not None:
+            fields["simhash"] = neardup.to_stored(page["simhash"])
+            fields["simhash_bands"] = neardup.bands(page["simhash"])
+        return UpdateOne(
+            {"_id": page["content_hash"], "applied": {"$ne": tag}},
+            {"$setOnInsert": fields, "$inc": {"url_count": 1},
+             "$push": {"applied": {"$each": [tag], "$slice": -APPLIED_KEEP}}},
             upsert=True,
-            return_document=ReturnDocument.BEFORE,
         )
-        previous_hash = before.get("content_hash") if before else None
-        changed = before is not None and previous_hash != page["content_hash"]
-        if changed:
-            self.pages.update_one(
-                {"_id": page_id},
-                {"$inc": {"change_count": 1}, "$set": {"last_changed_at": fetched}},
-            )
-        if previous_hash != page["content_hash"]:
-            # This URL now shares the content: count it once, and uncount the old content.
-            self.contents.update_one({"_id": page["content_hash"]}, {"$inc": {"url_count": 1}})
-            if previous_hash:
-                self.contents.update_one({"_id": previous_hash}, {"$inc": {"url_count": -1}})
-        return PageRecord(page_id, before is None, changed, new_content, duplicate_of)
+
+    def _near_duplicates(self, pages: list[dict[str, Any]], batch: list[int],
+                         ids: dict[int, str], contents: dict[str, dict[str, Any]]
+                         ) -> dict[int, tuple[str, int]]:
+        """For pages that hold their content first: the closest earlier content's page."""
+        if self.neardup_distance < 0:
+            return {}
+        wanted = [i for i in batch if pages[i].get("simhash") is not None
+                  and not pages[i].get("not_modified")
+                  and contents.get(pages[i]["content_hash"], {}).get("first_page_id") == ids[i]]
+        if not wanted:
+            return {}
+        bands = sorted({b for i in wanted for b in neardup.bands(pages[i]["simhash"])})
+        candidates = list(self.contents.find(
+            {"simhash_bands": {"$in": bands}}, {"simhash": 1, "first_page_id": 1}))
+        found: dict[int, tuple[str, int]] = {}
+        for i in wanted:
+            best = neardup.nearest(pages[i]["simhash"], candidates, self.neardup_distance,
+                                   exclude={pages[i]["content_hash"]})
+            if best is not None and best[0].get("first_page_id") != ids[i]:
+                found[i] = (best[0]["first_page_id"], best[1])
+        return found
+
+    def _page_op(self, page: dict[str, Any], pid: str, b: dict[str, Any] | None,
+                 content: dict[str, Any] | None, near: tuple[str, int] | None,
+                 policy: RefetchPolicy) -> tuple[UpdateOne, PageRecord]:
+        fetched = utc(page["fetched_at"])
+        not_modified = bool(page.get("not_modified")) and b is not None
+        version = {"$exists": False} if b is None else b.get("fetch_count")
+        fields: dict[str, Any] = {
+            "fetched_at": fetched,
+            "fetch_id": page["fetch_id"],
+            "fetch_method": page.get("fetch_method") or "http",
+            "last_status": page["status"],
+            "etag": page.get("etag"),
+            "last_modified": page.get("last_modified"),
+        }
+        if not_modified:  # a 304 need not repeat the validators: keep the stored ones
+            for name in ("etag", "last_modified"):
+                fields[name] = fields[name] or b.get(name)
+        if not_modified:
+            changed = False
+            duplicate_of = b.get("duplicate_of")
+            record = PageRecord(pid, False, False, False, duplicate_of,
+                                b.get("near_duplicate_of"), b.get("near_duplicate_distance"),
+                                True)
+        else:
+            changed = b is not None and b.get("content_hash") != page["content_hash"]
+            first = (content or {}).get("first_page_id", pid)
+            duplicate_of = None if first == pid else first
+            fields.update({
+                "url": canonical_url(page["url"]),
+                "final_url": page["final_url"],
+                "host": page["host"],
+                "spider": page["spider"],
+                "status": page["status"],
+                "content_type": page.get("content_type") or "",
+                "encoding": page.get("encoding"),
+                "headers": {k: v for k, v in (page.get("headers") or {}).items()
+                            if k.lower() not in _SKIP_HEADERS},
+                "content_hash": page["content_hash"],
+                "blob_key": page["blob_key"],
+                "duplicate_of": duplicate_of,
+                "near_duplicate_of": near[0] if near and not duplicate_of else None,
+                "near_duplicate_distance": near[1] if near and not duplicate_of else None,
+            })
+            if changed or b is None:
+                fields["last_changed_at"] = fetched
+            new_content = (content or {}).get("first_page_id") == pid and (
+                b is None or changed)
+            record = PageRecord(pid, b is None, changed, new_content, duplicate_of,
+                                fields["near_duplicate_of"], fields["near_duplicate_distance"])
+        fields.update(policy.fields(b, changed, fetched))
+        update: dict[str, Any] = {
+            "$set": fields,
+            "$inc": {"fetch_count": 1, "change_count": 1 if changed else 0},
+        }
+        if b is None:
+            update["$setOnInsert"] = {"first_fetched_at": fetched}
+        return UpdateOne({"_id": pid, "fetch_count": version}, update, upsert=True), record
 
     def summary(self) -> dict[str, Any]:
         """Counts for reports: pages, distinct contents, pages per host."""
@@ -134,5 +329,6 @@ class IndexStore:
             "pages": self.pages.count_documents({}),
             "contents": self.contents.count_documents({}),
             "duplicates": self.pages.count_documents({"duplicate_of": {"$ne": None}}),
+            "near_duplicates": self.pages.count_documents({"near_duplicate_of": {"$ne": None}}),
             "per_host": dict(sorted(per_host.items())),
         }

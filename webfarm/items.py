@@ -1,13 +1,24 @@
-"""Items every spider yields.
+"""Items every spider yields, and how an extracted item remembers its page.
 
 A :class:`PageItem` carries one fetched response through the storage
 pipelines (hash, blob, index), kept apart from whatever a spider extracts so
-raw pages can be re-parsed later.
+raw pages can be re-parsed later. Structured items (dicts, dataclasses,
+``scrapy.Item``) stay plain: the page they came from travels beside them
+(:func:`attach_source` / :func:`source_of`), because a ``scrapy.Item`` cannot
+take undeclared fields and an item pipeline receives only the item.
 """
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
+
+
+def _fetch_id() -> str:
+    return uuid.uuid4().hex
 
 
 @dataclass
@@ -25,7 +36,45 @@ class PageItem:
     headers: dict[str, str] = field(default_factory=dict, repr=False)
     fetched_at: float = 0.0
     fetch_method: str = "http"  # http | browser | api
+    # HTTP validators for conditional refetches (None when the response had none).
+    etag: str | None = None
+    last_modified: str | None = None
+    # A 304 answer to a conditional request: no body to hash or store, the page is unchanged.
+    not_modified: bool = False
+    # One id per fetch, so a retried index write is recognised and applied once.
+    fetch_id: str = field(default_factory=_fetch_id, repr=False)
     # Filled by the pipelines.
     content_hash: str | None = None
     blob_key: str | None = None
+    simhash: int | None = None
+    # Set while a pipeline computes the hash, so others await it instead of hashing again.
+    hashing: asyncio.Future | None = field(default=None, repr=False, compare=False)
 
+
+@dataclass(frozen=True)
+class ItemSource:
+    """Where a structured item came from: its page's URL and content hash."""
+
+    url: str
+    page: PageItem | None = None  # the page being stored now (its hash may be pending)
+    content_hash: str | None = None  # known up front when re-parsing stored pages
+
+
+_SOURCES: OrderedDict[int, tuple[Any, ItemSource]] = OrderedDict()
+_MAX_SOURCES = 100_000  # items dropped before the item store never pop theirs
+
+
+def attach_source(item: Any, source: ItemSource) -> Any:
+    """Remember which page ``item`` was extracted from, until the item store asks."""
+    _SOURCES[id(item)] = (item, source)
+    while len(_SOURCES) > _MAX_SOURCES:
+        _SOURCES.popitem(last=False)
+    return item
+
+
+def source_of(item: Any) -> ItemSource | None:
+    """The page of ``item`` (and forget it); None for items not yielded by a WebfarmSpider."""
+    entry = _SOURCES.pop(id(item), None)
+    if entry is None or entry[0] is not item:
+        return None
+    return entry[1]

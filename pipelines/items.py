@@ -1,0 +1,84 @@
+"""Structured items (whatever a spider extracts besides pages) to MongoDB.
+
+One collection per item type, upserted on the key the item declares, with the
+page's ``source_url`` and ``content_hash``, ``extracted_at`` and the spider's
+``extractor_version`` (rules in :mod:`webfarm.itemstore`). Written in batches
+like pages; an item is done only when its batch is stored.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from scrapy.crawler import Crawler
+from scrapy.statscollectors import StatsCollector
+
+from pipelines.content import PageHasher, page_hasher
+from webfarm import config
+from webfarm.batching import Batcher
+from webfarm.index import IndexStore
+from webfarm.items import PageItem, source_of
+from webfarm.itemstore import ItemEntry, ItemStore, make_entry
+from webfarm.threads import StorageThreads, storage_threads
+from webfarm.urls import canonical_url
+
+
+class ItemStorePipeline:
+    def __init__(
+        self, crawler: Crawler, store: ItemStore, stats: StatsCollector,
+        threads: StorageThreads, hasher: PageHasher, batch_size: int = 100,
+        batch_seconds: float = 0.2, retry_seconds: float = 300.0,
+        client: IndexStore | None = None,
+    ) -> None:
+        self.crawler = crawler
+        self.store = store
+        self.stats = stats
+        self.threads = threads
+        self.hasher = hasher
+        self.client = client
+        self.batcher: Batcher[ItemEntry, str] = Batcher(
+            self._write, size=batch_size, seconds=batch_seconds, retry_seconds=retry_seconds,
+            what="item write", stats=stats, stat_prefix="webfarm/items",
+        )
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> ItemStorePipeline:
+        settings = crawler.settings
+        client = IndexStore(config.mongo_uri(settings), settings.get("MONGO_DATABASE") or
+                            "webfarm")
+        assert crawler.stats is not None
+        return cls(
+            crawler, ItemStore(client.db), crawler.stats, storage_threads(crawler),
+            page_hasher(crawler),
+            settings.getint("WEBFARM_INDEX_BATCH_SIZE", 100),
+            settings.getfloat("WEBFARM_INDEX_BATCH_SECONDS", 0.2),
+            settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", 300.0),
+            client,
+        )
+
+    async def close_spider(self) -> None:
+        await self.batcher.flush()
+        if self.client is not None:
+            self.client.close()
+
+    async def _write(self, entries: list[ItemEntry]) -> list[str]:
+        return await self.threads.run(self.store.write_items, entries)
+
+    async def process_item(self, item: Any) -> Any:
+        if isinstance(item, PageItem):
+            return item
+        source = source_of(item)
+        if source is None:
+            self.stats.inc_value("webfarm/items/no_source")
+            url, content_hash = "", None
+        else:
+            url = canonical_url(source.url)
+            content_hash = source.content_hash
+            if content_hash is None and source.page is not None:
+                content_hash = await self.hasher.ensure(source.page)
+        entry = make_entry(item, self.crawler.spider, url, content_hash,
+                           dt.datetime.now(dt.timezone.utc))
+        outcome = await self.batcher.submit(entry)
+        self.stats.inc_value(f"webfarm/items/{outcome}")
+        return item

@@ -1,0 +1,177 @@
+"""Batched, retried storage writes that an item pipeline can await.
+
+Why the awaiting matters: the frontier acknowledges a request's lease only
+when every item of its response went through the pipelines. So an item's
+``process_item`` must not return before the batch holding it was written —
+otherwise a ``kill -9`` between the two would lose an acknowledged page. Each
+:meth:`Batcher.submit` returns only when its batch is stored, and raises if it
+could not be (the request then goes back to the frontier, see
+:meth:`webfarm.scheduler.Scheduler.item_error`).
+
+A batch is written when it holds ``size`` entries or its oldest entry waited
+``seconds``; one batch is written at a time, so while a write runs the next
+batch fills (group commit). A failing store is retried with exponential
+backoff (full jitter) for up to ``retry_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+from scrapy.statscollectors import StatsCollector
+
+logger = logging.getLogger(__name__)
+
+E = TypeVar("E")
+R = TypeVar("R")
+
+
+class StorageUnavailable(Exception):
+    """A store kept failing for longer than ``WEBFARM_STORAGE_RETRY_SECONDS``."""
+
+
+def transient_errors() -> tuple[type[BaseException], ...]:
+    """Errors worth retrying: the store is down, slow or refusing for now."""
+    errors: list[type[BaseException]] = [OSError, TimeoutError]
+    try:
+        from pymongo.errors import PyMongoError
+
+        errors.append(PyMongoError)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        errors += [BotoCoreError, ClientError]
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(errors)
+
+
+TRANSIENT = transient_errors()
+
+
+async def retrying(
+    call: Callable[[], Awaitable[R]], *, what: str, retry_seconds: float,
+    stats: StatsCollector | None = None, stat_prefix: str = "webfarm/storage",
+    base: float = 0.25, cap: float = 10.0,
+) -> R:
+    """Await ``call()`` until it succeeds; on transient errors wait (full jitter, growing
+    to ``cap``) and retry, for at most ``retry_seconds``; then raise StorageUnavailable."""
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        try:
+            result = await call()
+        except TRANSIENT as exc:
+            elapsed = time.monotonic() - started
+            if elapsed >= retry_seconds:
+                if stats is not None:
+                    stats.inc_value(f"{stat_prefix}/gave_up")
+                raise StorageUnavailable(
+                    f"{what} failed for {elapsed:.0f}s (WEBFARM_STORAGE_RETRY_SECONDS="
+                    f"{retry_seconds:g}): {type(exc).__name__}: {exc}"
+                ) from exc
+            if attempt == 0:
+                logger.warning("%s failed (%s: %s); retrying with backoff for up to %gs",
+                               what, type(exc).__name__, str(exc)[:300], retry_seconds)
+            if stats is not None:
+                stats.inc_value(f"{stat_prefix}/retries")
+            delay = random.uniform(0, min(cap, base * 2 ** attempt))
+            attempt += 1
+            await asyncio.sleep(min(delay, max(0.0, retry_seconds - elapsed)) + 0.01)
+            continue
+        if attempt:
+            logger.info("%s succeeded again after %d retries (%.1fs)", what, attempt,
+                        time.monotonic() - started)
+        return result
+
+
+class Batcher(Generic[E, R]):
+    """Collects entries and writes them in batches with ``write`` (an async callable
+    taking a list of entries and returning one result per entry)."""
+
+    def __init__(
+        self, write: Callable[[list[E]], Awaitable[list[R]]], *, size: int, seconds: float,
+        retry_seconds: float, what: str, stats: StatsCollector | None = None,
+        stat_prefix: str = "webfarm/storage",
+    ) -> None:
+        self.write = write
+        self.size = max(1, size)
+        self.seconds = max(0.0, seconds)
+        self.retry_seconds = retry_seconds
+        self.what = what
+        self.stats = stats
+        self.stat_prefix = stat_prefix
+        self._pending: list[tuple[E, asyncio.Future[R], float]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._writer: asyncio.Task[None] | None = None
+
+    async def submit(self, entry: E) -> R:
+        """Returns the entry's result once its batch is stored; raises if it never was."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[R] = loop.create_future()
+        self._pending.append((entry, future, time.monotonic()))
+        self._kick()
+        return await future
+
+    async def flush(self) -> None:
+        """Write everything pending now (closing)."""
+        while self._pending or self._writer is not None:
+            if self._writer is None:
+                self._writer = asyncio.ensure_future(self._drain(force=True))
+            await asyncio.shield(self._writer)
+
+    def _due(self) -> bool:
+        return len(self._pending) >= self.size or (
+            bool(self._pending) and time.monotonic() - self._pending[0][2] >= self.seconds)
+
+    def _kick(self) -> None:
+        if self._writer is not None or not self._pending:
+            return
+        if self._due():
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._writer = asyncio.ensure_future(self._drain())
+        elif self._timer is None:
+            wait = max(0.0, self._pending[0][2] + self.seconds - time.monotonic())
+            self._timer = asyncio.get_running_loop().call_later(wait, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._kick()
+
+    async def _drain(self, force: bool = False) -> None:
+        try:
+            while self._pending and (force or self._due()):
+                batch, self._pending = self._pending[: self.size], self._pending[self.size:]
+                await self._write_batch(batch)
+        finally:
+            self._writer = None
+        self._kick()
+
+    async def _write_batch(self, batch: list[tuple[E, asyncio.Future[R], float]]) -> None:
+        entries = [entry for entry, _, _ in batch]
+        try:
+            results = await retrying(
+                lambda: self.write(entries), what=f"{self.what} ({len(entries)} entries)",
+                retry_seconds=self.retry_seconds, stats=self.stats,
+                stat_prefix=self.stat_prefix,
+            )
+        except Exception as exc:  # every waiting item fails with it; the leases are retried
+            for _, future, _ in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        if self.stats is not None:
+            self.stats.inc_value(f"{self.stat_prefix}/batches")
+            self.stats.max_value(f"{self.stat_prefix}/max_batch", len(entries))
+        for (_, future, _), result in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(result)

@@ -1,0 +1,165 @@
+"""Structured items in MongoDB: one collection per item type, upserted on the item's key.
+
+A spider's items stay plain Python (dicts, dataclasses, ``scrapy.Item``); how
+they are stored is declared on them:
+
+* **collection**: the class attribute ``item_collection``, else the class name
+  in snake case (``ProductItem`` → ``product_item``); a dict names it with the
+  key ``_collection``, else the spider's ``item_collection``, else ``items``;
+* **key**: the class attribute ``key_fields`` (``("sku",)``); a dict gives
+  ``_key`` (a field name or a list), else the spider's ``item_key_fields``,
+  else ``("source_url",)`` (one item of that type per page).
+
+Each document is the item's fields plus ``source_url``, ``content_hash`` (of
+the page it came from), ``extracted_at``, ``extractor_version`` (the spider's
+``extractor_version``) and ``item_hash`` (of the fields alone), so re-parsing
+tells *created*, *changed* and *unchanged* apart. ``_id`` is the key value (a
+sub-document for composite keys); the key fields are indexed too.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import bson
+from itemadapter import ItemAdapter
+from pymongo import UpdateOne
+from pymongo.database import Database
+
+from webfarm.index import bulk_upsert
+
+CREATED, CHANGED, UNCHANGED = "created", "changed", "unchanged"
+DEFAULT_COLLECTION = "items"
+_RESERVED = ("_collection", "_key", "_id")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,100}$")
+
+
+class ItemError(ValueError):
+    """An item that cannot be stored as declared; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class ItemEntry:
+    collection: str
+    key: Any  # the _id
+    key_fields: tuple[str, ...]
+    fields: dict[str, Any]
+    source_url: str
+    content_hash: str | None
+    extracted_at: dt.datetime
+    extractor_version: str | None
+
+
+def collection_of(item: Any, spider: Any = None) -> str:
+    if isinstance(item, dict):
+        name = item.get("_collection") or getattr(spider, "item_collection", None)
+    else:
+        name = getattr(item, "item_collection", None) or _CAMEL.sub(
+            "_", type(item).__name__).lower()
+    name = str(name or DEFAULT_COLLECTION)
+    if not _NAME.match(name) or name in ("pages", "contents") or name.startswith("system"):
+        raise ItemError(f"item collection {name!r} is not allowed; name it with letters, "
+                        "digits and _ (not pages/contents)")
+    return name
+
+
+def key_fields_of(item: Any, spider: Any = None) -> tuple[str, ...]:
+    if isinstance(item, dict):
+        key = item.get("_key") or getattr(spider, "item_key_fields", None)
+    else:
+        key = getattr(item, "key_fields", None)
+    if isinstance(key, str):
+        key = (key,)
+    return tuple(key or ("source_url",))
+
+
+def item_hash(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(
+        json.dumps(fields, sort_keys=True, default=str, ensure_ascii=False).encode()
+    ).hexdigest()
+
+
+def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None,
+               extracted_at: dt.datetime) -> ItemEntry:
+    """What to store for one item; raises ItemError for a missing key or unstorable value."""
+    fields = {k: v for k, v in ItemAdapter(item).asdict().items() if k not in _RESERVED}
+    collection = collection_of(item, spider)
+    key_fields = key_fields_of(item, spider)
+    values = {**fields, "source_url": source_url}
+    missing = [f for f in key_fields if values.get(f) in (None, "")]
+    if missing:
+        raise ItemError(f"{type(item).__name__} for {collection!r} has no value for its key "
+                        f"field(s) {', '.join(missing)} (from {source_url})")
+    key = values[key_fields[0]] if len(key_fields) == 1 else {f: values[f] for f in key_fields}
+    try:
+        bson.encode({"k": key, **fields})
+    except (bson.errors.InvalidDocument, OverflowError) as exc:
+        raise ItemError(f"{type(item).__name__} from {source_url} cannot be stored: {exc}; "
+                        "use str, numbers, bool, lists, dicts or datetimes") from None
+    version = getattr(spider, "extractor_version", None)
+    return ItemEntry(collection, key, key_fields, fields, source_url, content_hash,
+                     extracted_at, None if version is None else str(version))
+
+
+class ItemStore:
+    """Bulk upserts of structured items; one result (created/changed/unchanged) per entry."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._indexed: set[str] = set()
+
+    def _ensure_indexes(self, collection: str, key_fields: tuple[str, ...]) -> None:
+        if collection in self._indexed:
+            return
+        coll = self.db[collection]
+        coll.create_index([(f, 1) for f in key_fields])
+        for name in ("source_url", "content_hash"):
+            if name not in key_fields:
+                coll.create_index(name)
+        self._indexed.add(collection)
+
+    def write_items(self, entries: list[ItemEntry]) -> list[str]:
+        results: list[str] = [UNCHANGED] * len(entries)
+        by_coll: dict[str, list[int]] = {}
+        for i, entry in enumerate(entries):
+            by_coll.setdefault(entry.collection, []).append(i)
+        for name, idx in by_coll.items():
+            self._ensure_indexes(name, entries[idx[0]].key_fields)
+            coll = self.db[name]
+            keys = [entries[i].key for i in idx]
+            stored = {self._k(d["_id"]): d.get("item_hash")
+                      for d in coll.find({"_id": {"$in": keys}}, {"item_hash": 1})}
+            last: dict[str, UpdateOne] = {}
+            for i in idx:
+                entry = entries[i]
+                k = self._k(entry.key)
+                digest = item_hash(entry.fields)
+                if k not in stored:
+                    results[i] = CREATED
+                elif stored[k] != digest:
+                    results[i] = CHANGED
+                stored[k] = digest
+                doc = {**entry.fields, "source_url": entry.source_url,
+                       "content_hash": entry.content_hash, "extracted_at": entry.extracted_at,
+                       "extractor_version": entry.extractor_version, "item_hash": digest}
+                update: dict[str, Any] = {"$set": doc,
+                                          "$setOnInsert": {"first_extracted_at":
+                                                           entry.extracted_at}}
+                if results[i] != UNCHANGED:
+                    doc["changed_at"] = entry.extracted_at
+                last[k] = UpdateOne({"_id": entry.key}, update, upsert=True)
+            ops = list(last.values())
+            dup = bulk_upsert(coll, ops)  # a concurrent first insert: now it matches
+            if dup:
+                bulk_upsert(coll, [ops[i] for i in dup])
+        return results
+
+    @staticmethod
+    def _k(key: Any) -> str:
+        return json.dumps(key, sort_keys=True, default=str)
