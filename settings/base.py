@@ -78,6 +78,9 @@ DOWNLOADER_MIDDLEWARES = {
     "middlewares.ssrf.SSRFGuardMiddleware": 50,
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     "middlewares.retry.FrontierRetryMiddleware": 550,
+    # HTTP first, browser when needed, fetch API last; sets meta["playwright"] before the
+    # proxy middleware gives browser requests one context per proxy.
+    "middlewares.render.RenderMiddleware": 560,
 }
 # The latency rule runs per host in webfarm.throttle and is shared through Redis;
 # Scrapy's AutoThrottle would only slow this one worker.
@@ -96,6 +99,36 @@ WEBFARM_SSRF_GUARD = _env("WEBFARM_SSRF_GUARD", "1").lower() not in ("0", "false
 # Comma-separated CIDRs allowed anyway (e.g. 10.20.0.0/16 for an intranet crawl).
 WEBFARM_ALLOWED_NETWORKS = _env("WEBFARM_ALLOWED_NETWORKS")
 WEBFARM_SSRF_DNS_CACHE = 30.0  # seconds a checked resolution is reused
+
+# --- HTTP first, browser when needed (middlewares/render.py, webfarm/render.py) -------
+# Render mode when neither meta["render"], WEBFARM_RENDER_HOSTS nor the spider's `render`
+# says otherwise: auto (HTTP, escalate pages that need JavaScript), http, browser or api.
+WEBFARM_RENDER = _env("WEBFARM_RENDER", "auto")
+# Mode per host: "host=mode,host=mode" or JSON {"host": "mode"}; a domain covers subdomains.
+WEBFARM_RENDER_HOSTS = _env("WEBFARM_RENDER_HOSTS")
+WEBFARM_RENDER_MEMORY_SECONDS = _env_float("WEBFARM_RENDER_MEMORY_SECONDS", 21600.0)
+# Share of a browser-first host's requests still tried over HTTP, to notice it changed.
+WEBFARM_RENDER_PROBE_RATE = _env_float("WEBFARM_RENDER_PROBE_RATE", 0.05)
+# A host goes browser-first once this many of its pages, and this share of them, needed JS.
+WEBFARM_RENDER_HOST_MIN_PAGES = 2
+WEBFARM_RENDER_HOST_SHARE = 0.5
+WEBFARM_RENDER_MIN_TEXT = 200  # visible characters below which a page with scripts is "empty"
+# The browser (scrapy-playwright on a system Chromium, found on PATH or $WEBFARM_CHROMIUM).
+# Only requests with meta["playwright"] use it; the driver starts with the first of them.
+DOWNLOAD_HANDLERS = {
+    "http": "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler",
+    "https": "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler",
+}
+PLAYWRIGHT_BROWSER_PROVIDER = "webfarm.browser.SystemChromiumProvider"
+PLAYWRIGHT_ABORT_REQUEST = "webfarm.browser.abort_request"  # SSRF guard + skipped resources
+PLAYWRIGHT_MAX_CONTEXTS = 8  # at least one per proxy (+1 without proxies)
+PLAYWRIGHT_MAX_PAGES_PER_CONTEXT = 4
+PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT = 30_000  # ms
+WEBFARM_BROWSER_SKIP_RESOURCES = ["image", "media", "font"]
+# The last rung, off unless set; the key is read from $WEBFARM_FETCH_API_KEY only.
+WEBFARM_FETCH_API_URL = _env("WEBFARM_FETCH_API_URL")
+WEBFARM_FETCH_API_HOSTS = _env("WEBFARM_FETCH_API_HOSTS")  # comma-separated: always via the API
+WEBFARM_FETCH_API_TIMEOUT = 60.0
 
 # --- storage ----------------------------------------------------------------
 ITEM_PIPELINES = {

@@ -108,7 +108,8 @@ class WebfarmSpider(scrapy.Spider):
             etag=etag.decode("latin-1") if etag else None,
             last_modified=last_modified.decode("latin-1") if last_modified else None,
             not_modified=response.status == 304,
-            fetch_method="browser" if "playwright" in response.flags else "http",
+            fetch_method=("api" if "fetch-api" in response.flags  # webfarm.fetchapi.FLAG
+                          else "browser" if "playwright" in response.flags else "http"),
         )
 
     def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:

@@ -1,0 +1,284 @@
+"""The fetch ladder: plain HTTP first, a browser when a page needs it, a fetch API last.
+
+Each request gets a render mode, the most specific one that is set:
+``meta["render"]``, then ``WEBFARM_RENDER_HOSTS`` / ``WEBFARM_FETCH_API_HOSTS``
+for its host, then the spider's ``render`` attribute (``-a render=``), then
+``WEBFARM_RENDER`` (default ``auto``). The mode picks the rung:
+
+* ``http`` / ``browser`` / ``api``: that rung, always.
+* ``auto``: plain HTTP, and the response is judged (:func:`webfarm.render.needs_js`,
+  or the spider's ``render_check``). A page that needs JavaScript goes back
+  to the frontier as the same URL for the browser (``meta["playwright"]``,
+  ``dont_filter``), so the frontier's politeness, leases and retries apply to
+  it as to any request; the HTTP fetch's lease is acknowledged as done. Each
+  judgement also feeds the host's shared memory in Redis
+  (:class:`webfarm.render.HostMemory`): once a host's pages mostly need
+  JavaScript, its later pages go straight to the browser, except one in
+  ``1/WEBFARM_RENDER_PROBE_RATE`` that is probed over HTTP again, so a host
+  that stops needing the browser is noticed and flips back.
+
+A browser fetch that fails goes to the fetch API when one is configured
+(``WEBFARM_FETCH_API_URL``); otherwise the usual retry policy applies. The API
+call itself runs through Scrapy's downloader (:mod:`webfarm.fetchapi`).
+
+Stats under ``webfarm/render/``: ``http``, ``browser``, ``api`` (pages by the
+rung that delivered them), ``escalated`` (HTTP pages sent on to the browser),
+``probes``, ``wrong_guess`` (a probe found HTTP enough, or a rendered page
+still failed the check), ``browser_failed``, ``api_failed``.
+Priority 560: after the SSRF guard and robots (request side), before the
+proxy middleware (740), which gives browser requests a context per proxy; on
+the response side after redirects and decompression, before the retry policy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from scrapy import Request, signals
+from scrapy.exceptions import IgnoreRequest
+from scrapy.http import Response
+from scrapy.utils.misc import load_object
+
+from webfarm import browser
+from webfarm.exceptions import DeadLetter, RetryLater
+from webfarm.fetchapi import FLAG as API_FLAG
+from webfarm.fetchapi import META_CALL, FetchAPI, FetchAPIError
+from webfarm.redisconn import redis_client
+from webfarm.render import (
+    HostMemory,
+    RenderCheck,
+    RenderConfigError,
+    check_render_check,
+    judgeable,
+    mode_for_host,
+    needs_js,
+    parse_host_modes,
+    parse_mode,
+)
+from webfarm.urls import host_of
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+    from scrapy.statscollectors import StatsCollector
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "webfarm/render"
+META_MODE = "render"  # the user's per-request mode
+META_RUNG = "webfarm_render_rung"  # the rung chosen for this request: http|browser|api
+META_WHY = "webfarm_render_why"  # mode|auto|memory|probe|escalated|spider|browser_failed
+META_REASON = "webfarm_render_reason"  # why an HTTP page was escalated
+PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+# Per-fetch meta that must not follow a request to its next rung.
+_FETCH_META = ("proxy", "_auth_proxy", "download_slot", "download_latency", "playwright_context",
+               "playwright_context_kwargs", "webfarm_proxy", "webfarm_proxy_sent_at")
+
+
+class RenderMiddleware:
+    """Downloader middleware; see the module docstring."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        settings = crawler.settings
+        self.crawler = crawler
+        assert crawler.stats is not None
+        self.stats: StatsCollector = crawler.stats
+        self.default_mode = parse_mode(settings.get("WEBFARM_RENDER", "auto"), "WEBFARM_RENDER")
+        self.host_modes = parse_host_modes(settings.get("WEBFARM_RENDER_HOSTS"))
+        api_hosts = settings.getlist("WEBFARM_FETCH_API_HOSTS")
+        self.host_modes.update({h.strip().lower(): "api" for h in api_hosts if h.strip()})
+        self.memory_seconds = settings.getfloat("WEBFARM_RENDER_MEMORY_SECONDS", 21600.0)
+        rate = settings.getfloat("WEBFARM_RENDER_PROBE_RATE", 0.05)
+        self.probe_period = round(1 / rate) if rate > 0 else 0
+        self.min_text = settings.getint("WEBFARM_RENDER_MIN_TEXT", 200)
+        self.min_pages = settings.getint("WEBFARM_RENDER_HOST_MIN_PAGES", 2)
+        self.share = settings.getfloat("WEBFARM_RENDER_HOST_SHARE", 0.5)
+        self.api = FetchAPI.from_settings(settings)
+        wants_api = "api" in self.host_modes.values() or self.default_mode == "api"
+        if wants_api and self.api is None:
+            raise RenderConfigError("a render mode is 'api' but WEBFARM_FETCH_API_URL is "
+                                    "unset; set it (and WEBFARM_FETCH_API_KEY) or drop "
+                                    "the 'api' mode")
+        self.browser_ok = self._has_browser_handler(settings)
+        self.memory: HostMemory | None = None
+        self.spider_mode: str | None = None
+        self.check: RenderCheck = None
+        self._served: defaultdict[str, int] = defaultdict(int)
+        self._no_browser_logged = False
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> RenderMiddleware:
+        mw = cls(crawler)
+        crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
+        return mw
+
+    @staticmethod
+    def _has_browser_handler(settings: Any) -> bool:
+        handlers = settings.getwithbase("DOWNLOAD_HANDLERS")
+        path = handlers.get("http")
+        try:
+            cls = load_object(path) if isinstance(path, str) else path
+            return bool(cls) and issubclass(cls, load_object(PLAYWRIGHT_HANDLER))
+        except (ImportError, TypeError, ValueError):
+            return False
+
+    def spider_opened(self, spider: Spider) -> None:
+        settings = self.crawler.settings
+        raw = getattr(spider, "render", None)
+        self.spider_mode = parse_mode(raw, f"{spider.name}.render") if raw else None
+        self.check = check_render_check(getattr(spider, "render_check", None),
+                                        f"{spider.name}.render_check")
+        self.memory = HostMemory(
+            redis_client(settings), spider.name, self.memory_seconds,
+            min_pages=self.min_pages, share=self.share)
+        from webfarm.netguard import NetGuard
+
+        browser.configure(NetGuard.from_settings(settings),
+                          settings.getlist("WEBFARM_BROWSER_SKIP_RESOURCES"))
+        if not self.browser_ok:
+            logger.warning("Render: DOWNLOAD_HANDLERS do not use %s; pages that need "
+                           "JavaScript are stored as fetched over HTTP", PLAYWRIGHT_HANDLER)
+        logger.info("Render: mode %s (spider: %s, %d host rules), fetch API %s",
+                    self.default_mode, self.spider_mode or "-", len(self.host_modes),
+                    "on" if self.api else "off")
+
+    def spider_closed(self, spider: Spider) -> None:
+        refused = browser.take_refusals()
+        if refused:
+            self.stats.inc_value(f"{PREFIX}/browser_refused", len(refused))
+
+    # -- choosing the rung -------------------------------------------------------------------
+
+    def mode_of(self, request: Request) -> str:
+        if request.meta.get(META_MODE):
+            try:
+                return parse_mode(request.meta[META_MODE], "meta['render']")
+            except RenderConfigError as exc:
+                raise DeadLetter(str(exc)) from None
+        host_mode = mode_for_host(self.host_modes, host_of(request.url))
+        return host_mode or self.spider_mode or self.default_mode
+
+    def _choose(self, request: Request) -> tuple[str, str]:
+        if request.meta.get("playwright"):
+            return "browser", "spider"
+        mode = self.mode_of(request)
+        if mode != "auto":
+            return mode, "mode"
+        if request.method != "GET" or not self.browser_ok:
+            return "http", "mode"
+        host = host_of(request.url)
+        assert self.memory is not None
+        if self.memory.mode(host) != "browser":
+            return "http", "auto"
+        self._served[host] += 1
+        if self.probe_period and self._served[host] % self.probe_period == 0:
+            self.stats.inc_value(f"{PREFIX}/probes")
+            return "http", "probe"
+        return "browser", "memory"
+
+    async def process_request(self, request: Request) -> Response | None:
+        meta = request.meta
+        if meta.get(META_CALL) or urlsplit(request.url).path == "/robots.txt":
+            return None
+        if META_RUNG not in meta:
+            meta[META_RUNG], meta[META_WHY] = self._choose(request)
+        rung = meta[META_RUNG]
+        if rung == "browser":
+            meta["playwright"] = True
+        elif rung == "api":
+            meta.pop("playwright", None)
+            return await self._via_api(request)
+        return None
+
+    # -- judging what came back --------------------------------------------------------------
+
+    def process_response(self, request: Request, response: Response) -> Request | Response:
+        meta = request.meta
+        rung = meta.get(META_RUNG)
+        if rung is None or meta.get(META_CALL):
+            return response
+        if API_FLAG in response.flags:
+            self.stats.inc_value(f"{PREFIX}/api")
+            return response
+        if "playwright" in response.flags:
+            self.stats.inc_value(f"{PREFIX}/browser")
+            if meta.get(META_WHY) == "escalated" and needs_js(
+                    response, self.check, self.min_text, rendered=True):
+                self.stats.inc_value(f"{PREFIX}/wrong_guess")
+                logger.info("Render: %s still looks incomplete after the browser (%s)",
+                            request.url, meta.get(META_REASON))
+            return response
+        why = meta.get(META_WHY)
+        if why in ("auto", "probe") and judgeable(response):
+            assert self.memory is not None
+            host = host_of(request.url)
+            reason = needs_js(response, self.check, self.min_text)
+            mode = self.memory.observe(host, reason is not None)
+            if reason is not None:
+                self.stats.inc_value(f"{PREFIX}/escalated")
+                logger.debug("Render: %s needs a browser (%s); host %s is now %s-first",
+                             request.url, reason, host, mode)
+                return self._escalate(request, reason)
+            if why == "probe":
+                self.stats.inc_value(f"{PREFIX}/wrong_guess")
+                logger.info("Render: host %s no longer needs a browser (an HTTP probe of %s "
+                            "was enough)", host, request.url)
+        self.stats.inc_value(f"{PREFIX}/http")
+        return response
+
+    def _escalate(self, request: Request, reason: str) -> Request:
+        """The same URL again, for the browser, back through the frontier."""
+        meta = {k: v for k, v in request.meta.items() if k not in _FETCH_META}
+        meta.update({META_RUNG: "browser", META_WHY: "escalated", META_REASON: reason,
+                     "playwright": True})
+        return request.replace(meta=meta, dont_filter=True)
+
+    # -- the last rung -----------------------------------------------------------------------
+
+    async def process_exception(self, request: Request, exception: BaseException
+                                ) -> Response | None:
+        meta = request.meta
+        if meta.get(META_CALL) or isinstance(exception, IgnoreRequest):
+            return None
+        if meta.get(META_RUNG) != "browser":
+            return None
+        self.stats.inc_value(f"{PREFIX}/browser_failed")
+        missing = isinstance(exception, browser.BrowserNotFound)
+        if missing and not self._no_browser_logged:
+            self._no_browser_logged = True
+            logger.error("%s", exception)
+        if self.api is not None:
+            logger.info("Render: browser failed for %s (%s); asking the fetch API",
+                        request.url, type(exception).__name__)
+            meta.pop("playwright", None)
+            meta[META_RUNG], meta[META_WHY] = "api", "browser_failed"
+            return await self._via_api(request)
+        if missing:
+            raise DeadLetter(f"needs a browser: {exception}", error="BrowserNotFound")
+        return None
+
+    async def _via_api(self, request: Request) -> Response:
+        assert self.api is not None, "render mode 'api' without WEBFARM_FETCH_API_URL"
+        engine = self.crawler.engine
+        assert engine is not None
+        try:
+            answer = await engine.download_async(self.api.api_request(request))
+        except IgnoreRequest:
+            self.stats.inc_value(f"{PREFIX}/api_failed")
+            raise
+        except Exception as exc:  # noqa: BLE001 - any network failure: try again later
+            self.stats.inc_value(f"{PREFIX}/api_failed")
+            error = f"{type(exc).__name__}: {exc}"
+            raise RetryLater(f"fetch API unreachable: {error}", error=error) from None
+        try:
+            return self.api.page(request, answer)
+        except FetchAPIError as exc:
+            self.stats.inc_value(f"{PREFIX}/api_failed")
+            if exc.retry:
+                logger.warning("Render: %s for %s; retrying later", exc.reason, request.url)
+                raise RetryLater(exc.reason, status=exc.status) from None
+            raise DeadLetter(exc.reason, status=exc.status) from None

@@ -1,0 +1,178 @@
+"""The browser rung's plumbing: find a system Chromium, launch it lazily, guard its traffic.
+
+Playwright downloads its own browser build, which is not possible everywhere
+(air-gapped hosts, this project's CI). :class:`SystemChromiumProvider` plugs
+into scrapy-playwright (``PLAYWRIGHT_BROWSER_PROVIDER``) and launches the
+Chromium it finds: ``WEBFARM_CHROMIUM`` (a path or a command name), else
+``PLAYWRIGHT_LAUNCH_OPTIONS["executable_path"]``, else ``chromium``,
+``chromium-browser``, ``google-chrome`` on ``PATH``, else Playwright's own
+download if it is there. It also starts the Playwright driver only when the
+first page needs a browser, so a crawl that never renders pays nothing for it
+(scrapy-playwright would start the driver when the engine starts).
+
+:func:`abort_request` is the ``PLAYWRIGHT_ABORT_REQUEST`` predicate: every
+request the browser makes (the navigation, its redirects' first hop, scripts,
+XHR, images) is checked against the SSRF guard the render middleware installs,
+and resource types listed in ``WEBFARM_BROWSER_SKIP_RESOURCES`` (images, fonts,
+media by default: a crawler needs the DOM, not the pixels) are not fetched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from scrapy_playwright.provider import PlaywrightBrowserProvider
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser, BrowserContext
+    from playwright.async_api import Request as PlaywrightRequest
+
+    from webfarm.netguard import NetGuard
+
+logger = logging.getLogger(__name__)
+
+CHROMIUM_ENV = "WEBFARM_CHROMIUM"
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+INSTALL_HINT = ("install one (`make chromium`, or `apt-get install chromium`) or set "
+                f"{CHROMIUM_ENV}=/path/to/chromium")
+
+
+class BrowserNotFound(RuntimeError):
+    """No Chromium to launch; the message is one line that says what to do."""
+
+
+def find_chromium(override: str | None = None, names: Iterable[str] = CHROMIUM_NAMES,
+                  path: str | None = None) -> str | None:
+    """The Chromium executable to launch, or None.
+
+    ``override`` (normally ``$WEBFARM_CHROMIUM``) wins and must exist: a typo
+    there raises :class:`BrowserNotFound` rather than silently using another
+    browser.
+    """
+    if override:
+        found = shutil.which(override, path=path) if os.sep not in override else (
+            override if os.access(override, os.X_OK) and os.path.isfile(override) else None)
+        if found is None:
+            raise BrowserNotFound(f"{CHROMIUM_ENV}={override!r} is not an executable file; "
+                                  f"fix it or unset it to search PATH for {', '.join(names)}")
+        return found
+    for name in names:
+        found = shutil.which(name, path=path)
+        if found:
+            return found
+    return None
+
+
+def launch_options(base: dict[str, Any] | None = None, executable: str | None = None
+                   ) -> dict[str, Any]:
+    """Playwright launch options for ``executable``: ``--no-sandbox`` when running as
+    root (Chromium refuses to start as root with its sandbox on)."""
+    options = dict(base or {})
+    if executable:
+        options["executable_path"] = executable
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        args = list(options.get("args") or [])
+        if "--no-sandbox" not in args:
+            args.append("--no-sandbox")
+        options["args"] = args
+    return options
+
+
+class SystemChromiumProvider(PlaywrightBrowserProvider):
+    """scrapy-playwright's provider, with a system Chromium and a lazy driver start.
+
+    Scrapy builds one download handler per scheme, and scrapy-playwright one
+    browser per handler: a crawl over http and https sites would run two
+    Chromiums. Providers of one process share the first browser launched.
+    """
+
+    _started = False
+    _shared: Browser | None = None  # the process's browser, while it is connected
+
+    async def start(self) -> None:
+        """Called when the engine starts: do nothing yet (most crawls never render)."""
+
+    async def _ensure_started(self) -> None:
+        if not self._started:
+            await super().start()
+            self._started = True
+
+    def _executable(self) -> str | None:
+        override = os.environ.get(CHROMIUM_ENV, "").strip()
+        configured = self.config.launch_options.get("executable_path")
+        if not override and configured:
+            return str(configured)
+        found = find_chromium(override or None)
+        if found:
+            return found
+        assert self.browser_type is not None
+        bundled = self.browser_type.executable_path  # Playwright's own download, if any
+        if bundled and os.path.isfile(bundled):
+            return bundled
+        raise BrowserNotFound(f"a page needs a browser but no Chromium was found on PATH "
+                              f"({', '.join(CHROMIUM_NAMES)}): {INSTALL_HINT}")
+
+    async def launch_browser(self) -> Browser:
+        shared = SystemChromiumProvider._shared
+        if shared is not None and shared.is_connected():
+            return shared
+        await self._ensure_started()
+        remote = self.config.cdp_url or self.config.connect_url
+        if not remote and self.config.browser_type_name == "chromium":
+            executable = self._executable()
+            self.config.launch_options = launch_options(self.config.launch_options, executable)
+            logger.info("Launching Chromium from %s", executable)
+        browser = await super().launch_browser()
+        SystemChromiumProvider._shared = browser
+        return browser
+
+    async def launch_persistent_context(self, context_kwargs: dict) -> BrowserContext:
+        await self._ensure_started()
+        return await super().launch_persistent_context(context_kwargs)
+
+    async def close(self) -> None:
+        if self._started:
+            SystemChromiumProvider._shared = None
+            await super().close()
+
+
+# -- what the browser may fetch -------------------------------------------------------------
+
+_guard: NetGuard | None = None
+_skip_types: frozenset[str] = frozenset()
+_refusals: list[str] = []  # recent refusals, for the render middleware's stats and tests
+
+
+def configure(guard: NetGuard | None, skip_resources: Iterable[str]) -> None:
+    """Install the SSRF guard and the skipped resource types for :func:`abort_request`
+    (scrapy-playwright loads the predicate by name, so it cannot get them itself)."""
+    global _guard, _skip_types
+    _guard = guard
+    _skip_types = frozenset(t.strip().lower() for t in skip_resources if t.strip())
+
+
+def take_refusals() -> list[str]:
+    """Refusals since the last call (and forget them)."""
+    taken = list(_refusals)
+    _refusals.clear()
+    return taken
+
+
+async def abort_request(request: PlaywrightRequest) -> bool:
+    """``PLAYWRIGHT_ABORT_REQUEST``: True to stop the browser fetching ``request``."""
+    if request.resource_type in _skip_types and not request.is_navigation_request():
+        return True
+    if _guard is None:
+        return False
+    reason = await _guard.check_url(request.url)
+    if reason is None:
+        return False
+    kind = "navigation" if request.is_navigation_request() else request.resource_type
+    logger.warning("SSRF guard: browser %s to %s refused: %s", kind, request.url, reason)
+    if len(_refusals) < 1000:
+        _refusals.append(f"{kind}: {reason}")
+    return True

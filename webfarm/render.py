@@ -1,0 +1,236 @@
+"""HTTP first, browser when needed: which rung fetches a page, and what each host needed.
+
+The pure half of :mod:`middlewares.render`. A browser fetch costs tens of times
+the time and memory of a plain HTTP fetch, so in ``auto`` mode every page is
+fetched over HTTP first and only escalated when :func:`needs_js` says the
+plain response is not the page a user sees. What a host needed is kept in
+Redis (:class:`HostMemory`), shared by every worker and expiring, so a host
+that renders everything in JavaScript is sent straight to the browser after
+its first pages, while a host where only a few pages need it stays on HTTP.
+
+Modes: ``http`` (never a browser), ``browser`` (always), ``auto`` (as above),
+``api`` (the external fetch API, :mod:`webfarm.fetchapi`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import redis
+from scrapy.http import Response, TextResponse
+
+logger = logging.getLogger(__name__)
+
+MODES = ("http", "browser", "auto", "api")
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
+# Elements single-page-app frameworks mount into; empty in the HTML means "rendered later".
+APP_ROOT_IDS = ("root", "app", "__next", "__nuxt", "___gatsby", "svelte", "main-app")
+_APP_ROOTS = " or ".join(f"@id='{i}'" for i in APP_ROOT_IDS)
+_EMPTY_ROOT_XPATH = f"//body//*[({_APP_ROOTS}) and not(*) and normalize-space()='']/@id"
+_TEXT_XPATH = ("//body//text()[not(ancestor::script or ancestor::style or ancestor::noscript"
+               " or ancestor::template)]")
+_NOSCRIPT_JS = re.compile(
+    r"(enable|turn on|activate|allow|requires?|need|needs|switch on)\W+(\w+\W+){0,3}?javascript"
+    r"|javascript\W+(is\W+|must be\W+)?(required|disabled|needed|turned off|enabled)",
+    re.IGNORECASE,
+)
+RenderCheck = str | Callable[[Response], bool] | None
+
+
+class RenderConfigError(ValueError):
+    """A render setting or spider attribute is wrong; one line that says what to do."""
+
+
+def parse_mode(value: Any, source: str) -> str:
+    mode = str(value or "").strip().lower()
+    if mode not in MODES:
+        raise RenderConfigError(f"{source}={value!r} is not a render mode; use one of "
+                                f"{', '.join(MODES)}")
+    return mode
+
+
+def parse_host_modes(value: Any, source: str = "WEBFARM_RENDER_HOSTS") -> dict[str, str]:
+    """``{"host[:port]": mode}`` from a dict, JSON, or ``host=mode,host=mode``."""
+    if not value:
+        return {}
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            try:
+                value = json.loads(text)
+            except ValueError as exc:
+                raise RenderConfigError(f"{source} is not valid JSON: {exc}") from None
+        else:
+            pairs = {}
+            for part in filter(None, (p.strip() for p in text.split(","))):
+                host, sep, mode = part.partition("=")
+                if not sep or not host.strip():
+                    raise RenderConfigError(f"{source}: {part!r} is not host=mode "
+                                            f"(e.g. shop.example=browser)")
+                pairs[host.strip()] = mode
+            value = pairs
+    if not isinstance(value, Mapping):
+        raise RenderConfigError(f"{source} must map host to mode, got {type(value).__name__}")
+    return {str(h).strip().lower(): parse_mode(m, f"{source}[{h!r}]") for h, m in value.items()}
+
+
+def mode_for_host(host_modes: Mapping[str, str], host: str) -> str | None:
+    """The mode configured for ``host`` ("host:port"), its bare name, or a parent domain."""
+    if not host_modes:
+        return None
+    host = host.lower()
+    if host in host_modes:
+        return host_modes[host]
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    while name:
+        if name in host_modes:
+            return host_modes[name]
+        name = name.partition(".")[2]
+    return None
+
+
+def check_render_check(check: Any, source: str) -> RenderCheck:
+    if check is None or callable(check):
+        return check
+    if isinstance(check, str) and check.strip():
+        from parsel import Selector
+
+        try:
+            Selector(text="<html></html>").css(check)
+        except Exception as exc:  # noqa: BLE001 - cssselect raises several types
+            raise RenderConfigError(f"{source}={check!r} is not a CSS selector: {exc}") from None
+        return check.strip()
+    raise RenderConfigError(f"{source} must be a CSS selector or a callable(response) -> bool, "
+                            f"got {check!r}")
+
+
+def visible_text_length(response: TextResponse) -> int:
+    text = " ".join(response.xpath(_TEXT_XPATH).getall())
+    return len(" ".join(text.split()))
+
+
+def judgeable(response: Response) -> bool:
+    """Only a successful HTML page can tell whether it needed JavaScript."""
+    if response.status != 200 or not isinstance(response, TextResponse):
+        return False
+    content_type = response.headers.get(b"Content-Type", b"").decode("latin-1").lower()
+    return "html" in content_type or not content_type
+
+
+def needs_js(response: Response, check: RenderCheck = None, min_text: int = 200,
+             rendered: bool = False) -> str | None:
+    """Why ``response`` (a plain HTTP fetch) is not the page a browser would show, or None.
+
+    A spider's ``check`` (a CSS selector the page must match, or a callable that
+    says whether the page is complete) replaces the built-in signs, which are:
+    an empty app root (``<div id="app"></div>``), a ``<noscript>`` asking for
+    JavaScript on a page with little text, and almost no visible text on a page
+    that has scripts. Only successful HTML pages are judged. ``rendered``: the
+    page came from a browser, which leaves ``<noscript>`` in the DOM.
+    """
+    if not judgeable(response):
+        return None
+    assert isinstance(response, TextResponse)
+    if check is not None:
+        if isinstance(check, str):
+            return None if response.css(check) else f"render_check {check!r} not found"
+        return None if check(response) else "render_check() is false"
+    empty_root = response.xpath(_EMPTY_ROOT_XPATH).get()
+    if empty_root:
+        return f"empty app root #{empty_root}"
+    text = visible_text_length(response)
+    if text < 5 * min_text and not rendered:
+        noscript = " ".join(response.xpath("//noscript//text()").getall())
+        if _NOSCRIPT_JS.search(noscript):
+            return "noscript asks for JavaScript"
+    if text < min_text and response.xpath("//script").get() is not None:
+        return f"almost no visible text ({text} characters)"
+    return None
+
+
+# The host's counts and mode, updated in one step so workers do not race.
+# KEYS[1] the host's hash; ARGV: "js"|"ok", ttl ms, min pages, share.
+_OBSERVE = """
+local js = tonumber(redis.call('HGET', KEYS[1], 'js') or '0')
+local ok = tonumber(redis.call('HGET', KEYS[1], 'ok') or '0')
+local mode = redis.call('HGET', KEYS[1], 'mode') or 'http'
+if ARGV[1] == 'js' then js = js + 1 else ok = ok + 1 end
+if mode == 'browser' and ARGV[1] == 'ok' then
+  mode = 'http'; js = 0; ok = 1
+elseif mode ~= 'browser' and js >= tonumber(ARGV[3]) and js >= tonumber(ARGV[4]) * (js + ok) then
+  mode = 'browser'
+end
+if js + ok > 50 then js = math.floor(js / 2); ok = math.floor(ok / 2) end
+redis.call('HSET', KEYS[1], 'js', js, 'ok', ok, 'mode', mode)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return mode
+"""
+
+
+class HostMemory:
+    """What each host needed, in Redis under ``webfarm:{SPIDER}:render:<host>``.
+
+    Every plain-HTTP fetch judged in ``auto`` mode is an observation: it needed
+    JavaScript or it did not. A host is sent to the browser once at least
+    ``min_pages`` of its pages needed it and they are at least ``share`` of
+    those seen (a shop where one page in five is a JS widget stays on HTTP);
+    one HTTP probe that turns out fine flips it back. The key expires
+    ``seconds`` after the last observation. Workers keep what they read for
+    ``cache_seconds`` to spare Redis a round trip per request.
+    """
+
+    def __init__(self, server: redis.Redis, spider: str, seconds: float, min_pages: int = 2,
+                 share: float = 0.5, cache_seconds: float = 2.0) -> None:
+        self.server = server
+        self.prefix = f"webfarm:{{{spider}}}:render:"
+        self.ttl_ms = max(1, int(seconds * 1000))
+        self.min_pages = max(1, min_pages)
+        self.share = share
+        self.cache_seconds = cache_seconds
+        self._cache: dict[str, tuple[float, str]] = {}
+        self._script = server.register_script(_OBSERVE)
+        self._down_logged = False
+
+    def key(self, host: str) -> str:
+        return self.prefix + host
+
+    def mode(self, host: str) -> str:
+        """``browser`` if the host is remembered as needing one, else ``http``."""
+        now = time.monotonic()
+        cached = self._cache.get(host)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        try:
+            raw = self.server.hget(self.key(host), "mode")
+        except REDIS_ERRORS as exc:
+            self._redis_down(exc)
+            return cached[1] if cached else "http"
+        mode = raw.decode() if isinstance(raw, bytes) else (raw or "http")
+        self._cache[host] = (now + self.cache_seconds, mode)
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        return mode
+
+    def observe(self, host: str, needed_js: bool) -> str:
+        """Record one plain-HTTP observation of ``host``; returns its mode afterwards."""
+        try:
+            raw = self._script(keys=[self.key(host)], args=[
+                "js" if needed_js else "ok", self.ttl_ms, self.min_pages, self.share])
+        except REDIS_ERRORS as exc:
+            self._redis_down(exc)
+            return self._cache.get(host, (0.0, "http"))[1]
+        mode = raw.decode() if isinstance(raw, bytes) else str(raw)
+        self._cache[host] = (time.monotonic() + self.cache_seconds, mode)
+        self._down_logged = False
+        return mode
+
+    def _redis_down(self, exc: Exception) -> None:
+        if not self._down_logged:
+            self._down_logged = True
+            logger.error("Render memory: Redis unreachable (%s); deciding from what this "
+                         "worker knows until it is back", exc)
