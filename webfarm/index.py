@@ -42,7 +42,8 @@ _SKIP_HEADERS = frozenset({"set-cookie", "set-cookie2"})
 
 class RefetchPolicy(Protocol):
     def fields(
-        self, before: dict[str, Any] | None, changed: bool, fetched_at: dt.datetime
+        self, before: dict[str, Any] | None, changed: bool, fetched_at: dt.datetime,
+        **page: Any,  # url=, host=: a new page has no ``before`` to match rules on
     ) -> dict[str, Any]:
         """``$set`` fields of a page on each fetch; at least ``refetch_interval`` (seconds)
         and ``next_fetch_at``. ``before`` is the stored page (None if new); ``changed``
@@ -62,7 +63,8 @@ class FixedRefetch:
         return cls(crawler.settings.getfloat("WEBFARM_REFETCH_INTERVAL", 86400.0))
 
     def fields(
-        self, before: dict[str, Any] | None, changed: bool, fetched_at: dt.datetime
+        self, before: dict[str, Any] | None, changed: bool, fetched_at: dt.datetime,
+        **page: Any,
     ) -> dict[str, Any]:
         return {
             "refetch_interval": self.interval,
@@ -310,7 +312,8 @@ class IndexStore:
                 b is None or changed)
             record = PageRecord(pid, b is None, changed, new_content, duplicate_of,
                                 fields["near_duplicate_of"], fields["near_duplicate_distance"])
-        fields.update(policy.fields(b, changed, fetched))
+        fields.update(policy.fields(b, changed, fetched, url=canonical_url(page["url"]),
+                                    host=page["host"]))
         update: dict[str, Any] = {
             "$set": fields,
             "$inc": {"fetch_count": 1, "change_count": 1 if changed else 0},
