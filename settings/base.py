@@ -81,6 +81,8 @@ DOWNLOADER_MIDDLEWARES = {
     # HTTP first, browser when needed, fetch API last; sets meta["playwright"] before the
     # proxy middleware gives browser requests one context per proxy.
     "middlewares.render.RenderMiddleware": 560,
+    # Before HttpProxyMiddleware (750), which turns the chosen proxy's userinfo into a header.
+    "middlewares.proxies.ProxyMiddleware": 740,
 }
 # The latency rule runs per host in webfarm.throttle and is shared through Redis;
 # Scrapy's AutoThrottle would only slow this one worker.
@@ -99,6 +101,24 @@ WEBFARM_SSRF_GUARD = _env("WEBFARM_SSRF_GUARD", "1").lower() not in ("0", "false
 # Comma-separated CIDRs allowed anyway (e.g. 10.20.0.0/16 for an intranet crawl).
 WEBFARM_ALLOWED_NETWORKS = _env("WEBFARM_ALLOWED_NETWORKS")
 WEBFARM_SSRF_DNS_CACHE = 30.0  # seconds a checked resolution is reused
+
+# --- proxy rotation (middlewares/proxies.py, webfarm/proxies.py) ---------------------
+# Off when empty. Comma/newline-separated proxy URLs (http://user:pass@host:port#name),
+# or the path of a file with one per line. Only ids (host:port or #name) reach logs,
+# stats and Redis; health is shared by all workers under webfarm:proxies:<id>.
+WEBFARM_PROXIES = _env("WEBFARM_PROXIES")
+WEBFARM_PROXY_BAN_STATUSES = [403, 429]  # statuses that mean "this proxy is banned"
+WEBFARM_PROXY_BAN_MARKERS: list[str] = []  # body snippets that mean the same (case-insensitive)
+WEBFARM_PROXY_RETRY_TIMES = 3  # other proxies tried for one request before giving up
+WEBFARM_PROXY_BACKOFF_BASE = 30.0  # seconds of the first cooldown; doubles per failure
+WEBFARM_PROXY_BACKOFF_MAX = 3600.0  # longest cooldown
+WEBFARM_PROXY_MAX_FAILURES = 5  # consecutive failures before a proxy is retired
+WEBFARM_PROXY_HEALTH_REFRESH = 1.0  # seconds between reads of the shared health
+WEBFARM_PROXY_STATE_TTL = 86400.0  # seconds a proxy's health is kept in Redis
+# A ban counts against a proxy only if another one fetched the host fine this recently.
+WEBFARM_PROXY_HOST_WINDOW = 600.0
+WEBFARM_PROXY_STICKY = False  # True: each host keeps its proxy while that one is healthy
+WEBFARM_PROXY_BROWSER_BYPASS = ""  # Playwright proxy "bypass" list for browser contexts
 
 # --- HTTP first, browser when needed (middlewares/render.py, webfarm/render.py) -------
 # Render mode when neither meta["render"], WEBFARM_RENDER_HOSTS nor the spider's `render`
