@@ -1,0 +1,69 @@
+"""``scrapy reparse``: items re-extracted from stored pages, with no network at all."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+import pymongo
+
+from tests import runner
+
+SPIDERS = ["-s", "SPIDER_MODULES=spiders,tests.spiders"]
+
+
+def counts(output: str) -> dict[str, int]:
+    line = next(x for x in output.splitlines() if x.startswith("created="))
+    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", line)}
+
+
+def test_reparse_reextracts_without_network(web, redis_url, mongo_uri, mongo_db_name, tmp_path):
+    base = web.base_urls[0]
+    env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri, MONGO_DATABASE=mongo_db_name,
+                         BLOB_STORE_URI=(tmp_path / "blobs").as_uri())
+    crawl = runner.scrapy(["crawl", "test_products", "-a", f"start={base}/", *SPIDERS], env, 180)
+    assert crawl.returncode == 0 and "Traceback" not in crawl.output, crawl.output[-3000:]
+
+    db = pymongo.MongoClient(mongo_uri, tz_aware=True)[mongo_db_name]
+    pages = len(web.expected_pages(base))
+    shop_skus = 36  # 3 categories x 12 products (TestWeb defaults)
+    assert db.pages.count_documents({}) == pages
+    assert db.products.count_documents({}) == shop_skus
+    assert db.page_title.count_documents({}) == pages
+    assert db.skus_seen.count_documents({}) == shop_skus
+    product = db.products.find_one({"_id": "WF01-0001"})
+    page = db.pages.find_one({"url": product["source_url"]})
+    assert page["url"] in (f"{base}/product/WF01-0001", f"{base}/print/product/WF01-0001")
+    assert product["content_hash"] == page["content_hash"]
+    assert product["extractor_version"] == "1" and product["price"].startswith("$")
+    assert isinstance(product["extracted_at"], dt.datetime)
+    assert "sku_1" in db.products.index_information()
+
+    web.clear_hits()
+    first = runner.scrapy(["reparse", "test_products", *SPIDERS, "--progress-every", "20"], env)
+    assert first.returncode == 0, first.output[-3000:]
+    # Every item a crawl stored comes out the same: titles, products and dicts of 86 pages.
+    items = pages + 2 * shop_skus * 2  # product and print page each yield a product and a dict
+    assert counts(first.output) == {"created": 0, "changed": 0, "unchanged": items,
+                                    "pages": pages, "items": items, "errors": 0}
+    assert "reparse: 20 pages" in first.output and "reparse: 80 pages" in first.output
+    assert "Spider opened" not in first.output and "Crawled (" not in first.output
+
+    # A better extractor (prices in cents) over one category's product pages; two items lost.
+    db.products.delete_many({"_id": {"$in": ["WF01-0001", "WF01-0002"]}})
+    second = runner.scrapy(["reparse", "test_products", "-a", "variant=cents", *SPIDERS,
+                            "--url-pattern", r"^http://[^/]+/product/WF01-"], env)
+    assert second.returncode == 0, second.output[-3000:]
+    assert counts(second.output) == {"created": 2, "changed": 10, "unchanged": 24, "pages": 12,
+                                     "items": 36, "errors": 0}
+    cents = db.products.find_one({"_id": "WF01-0003"})
+    assert cents["price"].isdigit() and cents["extractor_version"] == "2"
+    assert db.products.find_one({"_id": "WF02-0001"})["extractor_version"] == "1"
+
+    later = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)).isoformat()
+    none = runner.scrapy(["reparse", "test_products", *SPIDERS, "--since", later], env)
+    assert counts(none.output)["pages"] == 0
+
+    bad = runner.scrapy(["reparse", "test_products", *SPIDERS, "--since", "yesterday"], env)
+    assert bad.returncode == 2 and "not an ISO date" in bad.stderr
+    assert web.hits == []  # not one request reached the test web, robots.txt included

@@ -1,0 +1,133 @@
+"""``scrapy reparse SPIDER [--since DATE] [--url-pattern REGEX]``: re-extract from stored pages.
+
+Reads ``pages`` from the index and bodies from the blob store, runs the spider's
+``extract`` on each rebuilt response and stores items as a crawl would. It
+never builds a Scrapy engine or downloader: no request leaves the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import re
+import sys
+from typing import Any, ClassVar
+
+from scrapy.commands import ScrapyCommand
+from scrapy.crawler import Crawler
+from scrapy.exceptions import UsageError
+from scrapy.spiderloader import get_spider_loader
+from scrapy.utils.conf import arglist_to_dict
+
+from webfarm import config
+from webfarm.blobstore import open_blob_store
+from webfarm.index import IndexStore
+from webfarm.itemstore import ItemStore
+from webfarm.reparse import Reparser, ReparseStats
+
+logger = logging.getLogger("webfarm.reparse")
+
+
+class CommandError(Exception):
+    """Stop with one line on stderr and ``code`` as exit code (2: bad input, 1: config)."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def parse_since(value: str) -> dt.datetime:
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise CommandError(f"--since {value!r} is not an ISO date; use e.g. 2026-12-01 or "
+                           "2026-12-01T08:00:00+00:00") from None
+    return when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
+
+
+class Command(ScrapyCommand):
+    requires_project = True
+    default_settings: ClassVar[dict[str, Any]] = {"LOG_LEVEL": "INFO"}
+
+    def syntax(self) -> str:
+        return "[options] <spider>"
+
+    def short_desc(self) -> str:
+        return "Re-extract items from stored raw pages (no network)"
+
+    def add_options(self, parser: argparse.ArgumentParser) -> None:
+        super().add_options(parser)
+        parser.add_argument("-a", dest="spargs", action="append", default=[],
+                            metavar="NAME=VALUE", help="spider argument (may be repeated)")
+        parser.add_argument("--since", help="only pages fetched at or after this ISO date")
+        parser.add_argument("--url-pattern", help="only pages whose URL matches this regex")
+        parser.add_argument("--progress-every", type=int, default=500, metavar="N",
+                            help="log a progress line every N pages (default 500)")
+        parser.add_argument("--batch-size", type=int, default=200, metavar="N",
+                            help="items per bulk write (default 200)")
+
+    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
+        super().process_options(args, opts)
+        try:
+            opts.spargs = arglist_to_dict(opts.spargs)
+        except ValueError:
+            raise UsageError("Invalid -a value, use -a NAME=VALUE", print_help=False) from None
+
+    def run(self, args: list[str], opts: argparse.Namespace) -> None:
+        if len(args) != 1:
+            raise UsageError("name one spider: scrapy reparse SPIDER")
+        assert self.settings is not None
+        try:
+            self._run(args[0], opts)
+        except CommandError as exc:
+            print(f"webfarm: {exc}", file=sys.stderr)
+            self.exitcode = exc.code
+
+    def _run(self, name: str, opts: argparse.Namespace) -> None:
+        settings = self.settings
+        since = parse_since(opts.since) if opts.since else None
+        if opts.url_pattern:
+            try:
+                re.compile(opts.url_pattern)
+            except re.error as exc:
+                raise CommandError(f"--url-pattern {opts.url_pattern!r}: {exc}") from None
+        try:
+            spidercls = get_spider_loader(settings).load(name)
+        except KeyError:
+            raise CommandError(f"no spider named {name!r}; `scrapy list` shows them") from None
+        check = getattr(spidercls, "check_arguments", None)
+        try:
+            if check is not None:
+                check(**opts.spargs)
+            spider = spidercls.from_crawler(Crawler(spidercls, settings), **opts.spargs)
+        except ValueError as exc:
+            raise CommandError(f"{name}: {exc}") from None
+        try:
+            mongo = config.mongo_uri(settings)
+            config.check_mongo(mongo)
+            blob_uri = config.blob_uri(settings)
+            endpoint = settings.get("AWS_ENDPOINT_URL") or None
+            config.check_blobs(blob_uri, endpoint)
+        except config.ConfigError as exc:
+            raise CommandError(str(exc), 1) from None
+        index = IndexStore(mongo, settings.get("MONGO_DATABASE") or "webfarm")
+        try:
+            reparser = Reparser(
+                spider, index, open_blob_store(blob_uri, endpoint_url=endpoint),
+                ItemStore(index.db), batch_size=opts.batch_size,
+                progress_every=opts.progress_every, progress=self._progress,
+            )
+            stats = reparser.run(since, opts.url_pattern)
+        finally:
+            index.close()
+        print(stats.line())
+        print(f"created={stats.created} changed={stats.changed} unchanged={stats.unchanged} "
+              f"pages={stats.pages} items={stats.items} errors={stats.errors}")
+        if stats.errors or stats.missing_blobs:
+            self.exitcode = 1
+
+    @staticmethod
+    def _progress(stats: ReparseStats) -> None:
+        logger.info("%s", stats.line())
+        sys.stderr.flush()
