@@ -1,4 +1,4 @@
-"""Retries through the frontier instead of inside the worker.
+"""Retries through the frontier instead of inside the worker, and ``Retry-After`` honoured.
 
 Scrapy's ``RetryMiddleware`` re-schedules a failed request at once, from the
 worker that failed, with no backoff. Here a retryable status or network error
@@ -7,47 +7,155 @@ request in the delayed set with exponential backoff and full jitter, and after
 ``WEBFARM_RETRY_TIMES`` attempts moves it to the dead-letter queue with its
 last status or error. Any worker may pick the retry up.
 
+Scrapy ignores ``Retry-After``. Here, on 429 and 503, a valid one (seconds or an
+HTTP date, capped at ``WEBFARM_RETRY_AFTER_MAX``) defers the whole host: a
+``host_defer`` signal makes the frontier hand out none of its requests before
+then (every worker), this worker holds back those it already took, and the
+request itself comes back after exactly that wait instead of the backoff. A
+missing or garbage value means the usual backoff.
+
 Uses Scrapy's own ``RETRY_ENABLED``, ``RETRY_HTTP_CODES``, ``RETRY_EXCEPTIONS``
-and the ``dont_retry`` meta key.
+and the ``dont_retry`` meta key; ``WEBFARM_RETRY_AFTER`` switches the deferral.
 """
 
 from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from datetime import timezone
+from email.utils import parsedate_to_datetime
 
 from scrapy import Request, Spider
 from scrapy.crawler import Crawler
 from scrapy.exceptions import NotConfigured
 from scrapy.http import Response
-from scrapy.settings import BaseSettings
 from scrapy.utils.misc import load_object
 
+from webfarm import signals as wf_signals
 from webfarm.exceptions import RetryLater
+from webfarm.urls import host_of
+
+logger = logging.getLogger(__name__)
+
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+_SECONDS = re.compile(r"\d{1,12}(?:\.\d{1,6})?")
+
+
+def parse_retry_after(value: bytes | str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` value (RFC 9110 10.2.3), None if unusable.
+
+    ``delay-seconds`` or an HTTP date (a date in the past means 0). Anything else —
+    negative numbers, words, absurd dates — is None, so the caller backs off as usual.
+    """
+    if value is None:
+        return None
+    text = value.decode("latin-1") if isinstance(value, bytes) else str(value)
+    text = text.strip()
+    if not text:
+        return None
+    if _SECONDS.fullmatch(text):
+        return float(text)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when is None:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    try:
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 class FrontierRetryMiddleware:
-    def __init__(self, settings: BaseSettings) -> None:
-        if not settings.getbool("RETRY_ENABLED"):
+    def __init__(self, crawler: Crawler) -> None:
+        settings = crawler.settings
+        self.retry_enabled = settings.getbool("RETRY_ENABLED")
+        self.retry_after = settings.getbool("WEBFARM_RETRY_AFTER", True)
+        if not self.retry_enabled and not self.retry_after:
             raise NotConfigured
+        self.crawler = crawler
+        self.stats = crawler.stats
+        self.retry_after_max = settings.getfloat("WEBFARM_RETRY_AFTER_MAX", 3600.0)
         self.retry_codes = {int(c) for c in settings.getlist("RETRY_HTTP_CODES")}
         self.exceptions = tuple(
             load_object(e) if isinstance(e, str) else e
             for e in settings.getlist("RETRY_EXCEPTIONS")
         )
+        self._deferred: dict[str, float] = {}  # host -> monotonic end of its deferral
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> FrontierRetryMiddleware:
-        return cls(crawler.settings)
+        return cls(crawler)
+
+    def process_request(self, request: Request, spider: Spider | None = None) -> None:
+        """Hold back requests this worker took before their host said "Retry-After"."""
+        if not self._deferred:
+            return None
+        host = host_of(request.url)
+        wait = self._deferred.get(host, 0.0) - time.monotonic()
+        if wait <= 0:
+            self._deferred.pop(host, None)
+            return None
+        self._inc("webfarm/retry_after/held_back")
+        raise RetryLater(f"host deferred by Retry-After for {wait:.0f}s more", delay=wait)
 
     def process_response(
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Response:
-        if request.meta.get("dont_retry") or response.status not in self.retry_codes:
+        wait = None
+        if self.retry_after and response.status in RETRY_AFTER_STATUSES:
+            wait = self._defer_host(request, response)
+        if (not self.retry_enabled or request.meta.get("dont_retry")
+                or response.status not in self.retry_codes):
             return response
+        if wait:
+            raise RetryLater(f"HTTP {response.status}, Retry-After {wait:.0f}s",
+                             delay=wait, status=response.status)
         raise RetryLater(f"HTTP {response.status}", status=response.status)
 
     def process_exception(
         self, request: Request, exception: Exception, spider: Spider | None = None
     ) -> None:
-        if isinstance(exception, self.exceptions) and not request.meta.get("dont_retry"):
+        if (self.retry_enabled and isinstance(exception, self.exceptions)
+                and not request.meta.get("dont_retry")):
             error = f"{type(exception).__name__}: {exception}"
             raise RetryLater(f"network error: {error}", error=error)
         return None
+
+    def _defer_host(self, request: Request, response: Response) -> float | None:
+        raw = response.headers.get(b"Retry-After")
+        if raw is None:
+            return None
+        seconds = parse_retry_after(raw)
+        host = host_of(request.url)
+        if seconds is None:
+            logger.info("Ignoring unusable Retry-After %r from %s", raw[:60], host)
+            self._inc("webfarm/retry_after/invalid")
+            return None
+        if seconds > self.retry_after_max:
+            logger.warning("%s asks to wait %.0fs (Retry-After); capped at "
+                           "WEBFARM_RETRY_AFTER_MAX=%.0fs", host, seconds, self.retry_after_max)
+            self._inc("webfarm/retry_after/capped")
+            seconds = self.retry_after_max
+        if seconds <= 0:
+            return None
+        logger.info("%s answered %d with Retry-After: no request to it for %.1fs", host,
+                    response.status, seconds)
+        self._inc("webfarm/retry_after/deferred")
+        if len(self._deferred) > 10_000:
+            now = time.monotonic()
+            self._deferred = {h: t for h, t in self._deferred.items() if t > now}
+        self._deferred[host] = max(self._deferred.get(host, 0.0), time.monotonic() + seconds)
+        self.crawler.signals.send_catch_log(wf_signals.host_defer, host=host, seconds=seconds,
+                                            source="retry-after")
+        return seconds
+
+    def _inc(self, key: str) -> None:
+        if self.stats is not None:
+            self.stats.inc_value(key)

@@ -40,7 +40,17 @@ WEBFARM_DATA_DIR = _env("WEBFARM_DATA_DIR")
 # --- identity and politeness -------------------------------------------------
 WEBFARM_USER_AGENT_PLACEHOLDER = "webfarm/0.1 (+https://example.invalid/set-WEBFARM_USER_AGENT)"
 USER_AGENT = _env("WEBFARM_USER_AGENT", WEBFARM_USER_AGENT_PLACEHOLDER)
-ROBOTSTXT_OBEY = True
+ROBOTSTXT_OBEY = True  # middlewares/robots.py: RFC 9309, shared through Redis
+# robots.txt groups match this product token; empty: USER_AGENT's ("webfarm" of "webfarm/0.1").
+WEBFARM_ROBOTS_AGENT = _env("WEBFARM_ROBOTS_AGENT")
+WEBFARM_ROBOTS_CACHE_SECONDS = 86400.0  # a fetched robots.txt is reused this long (max 24 h)
+WEBFARM_ROBOTS_RETRY_DELAY = 300.0  # seconds before an unreachable (5xx) robots.txt is retried
+# Unreachable this long without a cached copy: treat as "unavailable" (allow all); 0 = never.
+WEBFARM_ROBOTS_OUTAGE_ALLOW_AFTER = 30 * 86400.0
+WEBFARM_ROBOTS_WAIT = 30.0  # seconds to wait for another worker's robots.txt fetch
+WEBFARM_MAX_CRAWL_DELAY = 60.0  # a larger robots.txt Crawl-delay is capped (and logged)
+WEBFARM_RETRY_AFTER = True  # honour Retry-After on 429/503 by deferring the host
+WEBFARM_RETRY_AFTER_MAX = 3600.0  # a longer Retry-After is capped (and logged)
 DOWNLOAD_DELAY = _env_float("WEBFARM_DOWNLOAD_DELAY", 0.0)
 CONCURRENT_REQUESTS = int(_env_float("WEBFARM_CONCURRENT_REQUESTS", 16))
 CONCURRENT_REQUESTS_PER_DOMAIN = 8
@@ -77,6 +87,9 @@ RETRY_ENABLED = True
 DOWNLOADER_MIDDLEWARES = {
     "middlewares.ssrf.SSRFGuardMiddleware": 50,
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
+    # RFC 9309 robots.txt, shared by workers (Scrapy's allows all on 5xx and errors).
+    "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware": None,
+    "middlewares.robots.RobotsMiddleware": 100,
     "middlewares.retry.FrontierRetryMiddleware": 550,
     # HTTP first, browser when needed, fetch API last; sets meta["playwright"] before the
     # proxy middleware gives browser requests one context per proxy.

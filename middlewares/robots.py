@@ -1,0 +1,468 @@
+"""robots.txt per RFC 9309, shared by every worker, in place of Scrapy's middleware.
+
+Why not Scrapy's ``RobotsTxtMiddleware``: it parses a 5xx error page as an
+empty robots.txt (allow all), treats network errors as allow all, follows up to
+20 redirects, caches forever per process and fetches once per worker. Here
+(rule table in :mod:`webfarm.robots`):
+
+* 2xx is parsed (first 500 KiB; the download stops there), 4xx allows all,
+  429/5xx/network errors disallow all: requests of that origin raise
+  :class:`~webfarm.exceptions.RetryLater` with the time until the next robots.txt
+  attempt (``WEBFARM_ROBOTS_RETRY_DELAY``, or the response's ``Retry-After``), and
+  the host is deferred in the frontier, so queued requests wait there, not here.
+  Requests in flight during an outage count attempts like any retry: after
+  ``WEBFARM_RETRY_TIMES`` they reach the dead-letter queue with the reason
+  "robots.txt unavailable" (``scrapy dlq --requeue`` brings them back).
+* During an outage the last good copy is used if one is still cached (RFC 9309
+  section 2.4 allows it). With no copy, after ``WEBFARM_ROBOTS_OUTAGE_ALLOW_AFTER``
+  seconds of continuous outage (30 days, the RFC's example; 0 = never) the file
+  counts as unavailable: allow all (section 2.3.1.4 MAY).
+* At most 5 redirects are followed (across hosts too); a 6th means "unavailable",
+  i.e. allow all (section 2.3.1.2 MAY). Redirect hops go through the downloader
+  middlewares like any request (the SSRF guard sees each one).
+* A fetched copy is good for ``WEBFARM_ROBOTS_CACHE_SECONDS`` (at most a day) and is
+  shared through Redis (``webfarm:{SPIDER}:robots:<origin>``, the raw text only):
+  one worker fetches under a Redis lock, the others wait for its result.
+* While a robots.txt is being fetched, every other request to that origin waits
+  for the result (in this worker: on the same fetch; in others: on the lock); none
+  slips through as "allowed".
+* Disallowed requests end in :class:`~webfarm.robots.RobotsDisallowed` (an
+  ``IgnoreRequest``): the frontier acknowledges them, stats count them
+  (``webfarm/robots/disallowed``); they are not dead letters, since nothing failed.
+* ``Crawl-delay`` for our product token becomes the host's delay (``host_delay``
+  signal, capped at ``WEBFARM_MAX_CRAWL_DELAY``; a capped value is logged).
+
+Rules match the User-Agent's product token (``webfarm`` in ``webfarm/0.1 (+…)``),
+or ``WEBFARM_ROBOTS_AGENT``. ``ROBOTSTXT_OBEY`` switches it all off; the
+``dont_obey_robotstxt`` meta key skips one request.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from secrets import token_hex
+from urllib.parse import urljoin, urlsplit
+
+import redis
+from scrapy import Request, Spider, signals
+from scrapy.crawler import Crawler
+from scrapy.exceptions import NotConfigured, StopDownload
+from scrapy.http import Response
+from scrapy.http.request import NO_CALLBACK
+from scrapy.settings import BaseSettings
+from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.httpobj import urlparse_cached
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
+
+from middlewares.retry import parse_retry_after
+from webfarm import signals as wf_signals
+from webfarm.exceptions import DeadLetter, RetryLater
+from webfarm.frontier.core import key_prefix
+from webfarm.redisconn import redis_client
+from webfarm.robots import (
+    ALLOW_ALL,
+    DISALLOW_ALL,
+    MAX_BYTES,
+    MAX_REDIRECTS,
+    Record,
+    RobotsDisallowed,
+    RobotsRules,
+    classify,
+    product_token,
+)
+from webfarm.threads import storage_threads
+from webfarm.urls import host_of
+
+logger = logging.getLogger(__name__)
+
+META = "webfarm_robots"  # marks our own robots.txt requests
+REDIS_ERRORS = (redis.RedisError, ConnectionError, TimeoutError)
+MEMORY_ORIGINS = 4096  # parsed robots.txt kept in memory per worker (LRU)
+PARSE_IN_THREAD = 64 * 1024  # bodies larger than this are parsed off the reactor
+_placeholder_warned = False
+
+
+def warn_placeholder_user_agent(settings: BaseSettings) -> None:
+    """Log once per process when the crawler would introduce itself with the placeholder."""
+    global _placeholder_warned
+    agent = settings.get("USER_AGENT") or ""
+    placeholder = settings.get("WEBFARM_USER_AGENT_PLACEHOLDER") or "example.invalid"
+    if _placeholder_warned or (agent != placeholder and "example.invalid" not in agent):
+        return
+    _placeholder_warned = True
+    logger.warning(
+        "USER_AGENT is the placeholder %r: set WEBFARM_USER_AGENT to your crawler's name and "
+        "a contact URL, e.g. WEBFARM_USER_AGENT='acmebot/1.0 (+https://acme.example/bot)'",
+        agent,
+    )
+
+
+def robots_agent(settings: BaseSettings) -> str:
+    """The product token robots.txt groups are matched against."""
+    explicit = (settings.get("WEBFARM_ROBOTS_AGENT") or settings.get("ROBOTSTXT_USER_AGENT")
+                or "").strip()
+    return product_token(explicit or settings.get("USER_AGENT") or "")
+
+
+def origin_of(url: str) -> str:
+    """``scheme://host[:port]``: robots.txt applies to one scheme, host and port."""
+    parts = urlsplit(url)
+    return f"{parts.scheme.lower()}://{host_of(url)}"
+
+
+@dataclass
+class Known:
+    """What this worker currently knows about an origin's robots.txt."""
+
+    kind: str  # "rules", "unreachable", "busy", "refused"
+    until: float  # monotonic time until which this holds
+    rules: RobotsRules = DISALLOW_ALL
+    reason: str = ""
+    dead: DeadLetter | None = None
+    deferred: bool = False
+    spacing: float = 0.0  # the Crawl-delay in force (0: none)
+    burst: bool = False  # loaded while requests of other workers waited for the same file
+
+
+@dataclass
+class Fetched:
+    kind: str  # "parse", "allow", "unreachable", "refused"
+    status: int = 0
+    body: bytes = b""
+    error: str = ""
+    retry_after: float | None = None
+    dead: DeadLetter | None = None
+
+
+class RobotsMiddleware:
+    DOWNLOAD_PRIORITY = 1000
+
+    def __init__(self, crawler: Crawler) -> None:
+        settings = crawler.settings
+        warn_placeholder_user_agent(settings)
+        if not settings.getbool("ROBOTSTXT_OBEY"):
+            raise NotConfigured
+        self.crawler = crawler
+        self.stats = crawler.stats
+        self.agent = robots_agent(settings)
+        self.cache_seconds = min(settings.getfloat("WEBFARM_ROBOTS_CACHE_SECONDS", 86400.0),
+                                 86400.0)
+        self.retry_delay = max(settings.getfloat("WEBFARM_ROBOTS_RETRY_DELAY", 300.0), 0.1)
+        self.outage_allow = settings.getfloat("WEBFARM_ROBOTS_OUTAGE_ALLOW_AFTER", 2592000.0)
+        self.wait_seconds = settings.getfloat("WEBFARM_ROBOTS_WAIT", 30.0)
+        self.max_crawl_delay = settings.getfloat("WEBFARM_MAX_CRAWL_DELAY", 60.0)
+        self.retry_after_max = settings.getfloat("WEBFARM_RETRY_AFTER_MAX", 3600.0)
+        self.base_delay = settings.getfloat("WEBFARM_HOST_DELAY", 1.0)
+        self.lock_seconds = (MAX_REDIRECTS + 1) * settings.getfloat("DOWNLOAD_TIMEOUT", 180) + 10
+        self.server = redis_client(settings)
+        self.prefix = ""
+        self._known: OrderedDict[str, Known] = OrderedDict()
+        self._pending: dict[str, list[Deferred[None]]] = {}
+        self._delays: dict[str, float] = {}
+        self._redis_warned = False
+        crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(self.bytes_received, signal=signals.bytes_received)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> RobotsMiddleware:
+        return cls(crawler)
+
+    def spider_opened(self, spider: Spider) -> None:
+        self.prefix = key_prefix(spider.name) + "robots:"
+
+    def bytes_received(self, data: bytes, request: Request, spider: Spider) -> None:
+        """Stop a robots.txt download past the parsing limit and keep what came."""
+        if not request.meta.get(META):
+            return
+        got = request.meta.get("webfarm_robots_bytes", 0) + len(data)
+        request.meta["webfarm_robots_bytes"] = got
+        if got > MAX_BYTES:
+            raise StopDownload(fail=False)
+
+    # -- enforcing ---------------------------------------------------------------------------
+
+    async def process_request(self, request: Request, spider: Spider | None = None) -> None:
+        if request.meta.get("dont_obey_robotstxt") or request.meta.get(META):
+            return None
+        if urlparse_cached(request).scheme not in ("http", "https"):
+            return None
+        origin = origin_of(request.url)
+        known, waited = await self._known_for(origin)
+        if known.kind == "rules":
+            if not known.rules.allowed(request.url, self.agent):
+                logger.debug("Forbidden by robots.txt: %s", request)
+                self._inc("webfarm/robots/disallowed")
+                raise RobotsDisallowed("Forbidden by robots.txt")
+            if waited and known.spacing:
+                # Popped before the Crawl-delay was known, as part of a burst: back to the
+                # frontier, which now hands the host's requests out one per delay.
+                self._inc("webfarm/robots/spaced")
+                raise RetryLater("robots.txt Crawl-delay: spaced out by the frontier",
+                                 delay=known.spacing)
+            self._inc("webfarm/robots/allowed")
+            return None
+        if known.kind == "refused" and known.dead is not None:
+            raise DeadLetter(known.dead.reason, status=known.dead.status,
+                             error=known.dead.error)
+        wait = max(known.until - time.monotonic(), 1.0)
+        if known.kind == "unreachable" and not known.deferred:
+            known.deferred = True  # queued requests of the host wait in the frontier
+            self.crawler.signals.send_catch_log(wf_signals.host_defer, host=host_of(request.url),
+                                                seconds=wait, source="robots")
+        self._inc("webfarm/robots/retry_later")
+        raise RetryLater(f"robots.txt unavailable ({known.reason})",
+                         delay=wait * random.uniform(1.0, 1.1))
+
+    async def _known_for(self, origin: str) -> tuple[Known, bool]:
+        """This worker's view of ``origin``, and whether this request had to wait for it.
+
+        One load at a time per origin; the other requests wait for its result.
+        """
+        waited = False
+        while True:
+            known = self._known.get(origin)
+            if known is not None and known.until > time.monotonic():
+                self._known.move_to_end(origin)
+                return known, waited
+            waiters = self._pending.get(origin)
+            if waiters is None:
+                break
+            waiter: Deferred[None] = Deferred()
+            waiters.append(waiter)
+            waited = True
+            self._inc("webfarm/robots/waited")
+            await maybe_deferred_to_future(waiter)
+        self._pending[origin] = []
+        try:
+            known = await self._load(origin)
+        except Exception as exc:  # never let one origin's trouble escape as "allowed"
+            logger.exception("robots.txt of %s could not be loaded", origin)
+            known = Known("unreachable", time.monotonic() + self.retry_delay,
+                          reason=f"{type(exc).__name__}: {exc}")
+        finally:
+            for waiter in self._pending.pop(origin, []):
+                waiter.callback(None)
+        self._known[origin] = known
+        self._known.move_to_end(origin)
+        while len(self._known) > MEMORY_ORIGINS:
+            self._known.popitem(last=False)
+        return known, waited or known.burst
+
+    # -- loading: Redis first, else fetch under a lock ------------------------------------------
+
+    async def _load(self, origin: str) -> Known:
+        record = self._read(origin)
+        if record is not None and record.expires > time.time():
+            self._inc("webfarm/robots/shared_hits")
+            return await self._known_from(origin, record)
+        token = token_hex(8)
+        if not self._lock(origin, token):
+            waited = await self._wait_for_other(origin, token)
+            if isinstance(waited, Known):
+                return waited
+            record = waited  # the other worker gave up: we hold the lock now
+        try:
+            fetched = await self._fetch(origin)
+            if fetched.kind == "refused":
+                return Known("refused", time.monotonic() + self.retry_delay,
+                             reason=fetched.error, dead=fetched.dead)
+            record = self._record(fetched, self._read(origin) or record)
+            self._write(origin, record)
+        finally:
+            self._unlock(origin, token)
+        return await self._known_from(origin, record)
+
+    async def _wait_for_other(self, origin: str, token: str) -> Known | Record | None:
+        """Another worker holds the lock: wait for its record, or take over the lock."""
+        self._inc("webfarm/robots/waited_other_worker")
+        deadline = time.monotonic() + self.wait_seconds
+        while time.monotonic() < deadline:
+            await maybe_deferred_to_future(deferLater(reactor, 0.2, lambda: None))
+            record = self._read(origin)
+            if record is not None and record.expires > time.time():
+                known = await self._known_from(origin, record)
+                known.burst = True
+                return known
+            if self._lock(origin, token):
+                return record
+        return Known("busy", time.monotonic() + 1.0,
+                     reason="another worker is still fetching it")
+
+    def _record(self, fetched: Fetched, previous: Record | None) -> Record:
+        now = time.time()
+        self._inc(f"webfarm/robots/outcome/{fetched.kind}")
+        if fetched.kind == "parse":
+            return Record("parsed", now + self.cache_seconds, now, fetched.status,
+                          good="parsed", body=fetched.body[:MAX_BYTES], good_at=now)
+        if fetched.kind == "allow":
+            return Record("allow", now + self.cache_seconds, now, fetched.status,
+                          error=fetched.error, good="allow", good_at=now)
+        delay = self.retry_delay
+        if fetched.retry_after is not None:
+            delay = min(max(fetched.retry_after, 1.0), self.retry_after_max)
+        prev = previous or Record("unreachable", 0.0, 0.0)
+        since = prev.since if prev.state == "unreachable" and prev.since else now
+        return Record("unreachable", now + delay, now, fetched.status, error=fetched.error,
+                      good=prev.good, body=prev.body, good_at=prev.good_at, since=since)
+
+    async def _known_from(self, origin: str, record: Record) -> Known:
+        now, mono = time.time(), time.monotonic()
+        until = mono + max(min(record.expires - now, self.cache_seconds), 0.5)
+        if record.state == "unreachable":
+            reason = f"HTTP {record.status}" if record.status else record.error or "unreachable"
+            if record.good and record.good_at + 2 * self.cache_seconds > now:
+                logger.info("robots.txt of %s is unreachable (%s); using the copy fetched "
+                            "%.0fs ago", origin, reason, now - record.good_at)
+                record = Record(record.good, record.expires, record.fetched,  # type: ignore
+                                body=record.body)
+            elif self.outage_allow > 0 and now - record.since >= self.outage_allow:
+                logger.warning("robots.txt of %s unreachable for %.0f days: treated as "
+                               "unavailable (allow all), as RFC 9309 2.3.1.4 permits", origin,
+                               (now - record.since) / 86400)
+                return Known("rules", until, ALLOW_ALL)
+            else:
+                logger.info("robots.txt of %s unreachable (%s): its requests wait %.0fs",
+                            origin, reason, record.expires - now)
+                return Known("unreachable", until, reason=reason)
+        if record.state == "allow" or record.good == "allow" and not record.body:
+            return Known("rules", until, ALLOW_ALL)
+        if len(record.body) > PARSE_IN_THREAD:
+            rules = await storage_threads(self.crawler).run(RobotsRules.parse, record.body)
+        else:
+            rules = RobotsRules.parse(record.body)
+        spacing = self._crawl_delay(origin, rules)
+        return Known("rules", until, rules, spacing=spacing)
+
+    def _crawl_delay(self, origin: str, rules: RobotsRules) -> float:
+        """Make the file's Crawl-delay the host's delay; returns it (0: none)."""
+        host = host_of(origin)
+        delay = rules.crawl_delay(self.agent)
+        if delay is None:
+            if host in self._delays:  # the file no longer asks for one
+                self._delays.pop(host)
+                self.crawler.signals.send_catch_log(wf_signals.host_delay, host=host,
+                                                    delay=self.base_delay, source="robots")
+            return 0.0
+        elif delay > self.max_crawl_delay:
+            logger.warning("robots.txt of %s asks for Crawl-delay %g s; capped at "
+                           "WEBFARM_MAX_CRAWL_DELAY=%g s", origin, delay, self.max_crawl_delay)
+            self._inc("webfarm/robots/crawl_delay_capped")
+            delay = self.max_crawl_delay
+        delay = max(delay, self.base_delay)
+        if self._delays.get(host) == delay:
+            return delay
+        self._delays[host] = delay
+        send = self.crawler.signals.send_catch_log
+        send(wf_signals.host_delay, host=host, delay=delay, source="robots")
+        # The request about to go out is the host's latest: the next one waits a full delay.
+        send(wf_signals.host_defer, host=host, seconds=delay, source="robots")
+        return delay
+
+    # -- fetching --------------------------------------------------------------------------
+
+    async def _fetch(self, origin: str) -> Fetched:
+        url = f"{origin}/robots.txt"
+        self._inc("webfarm/robots/fetched")
+        for hop in range(MAX_REDIRECTS + 1):
+            request = Request(
+                url, priority=self.DOWNLOAD_PRIORITY, callback=NO_CALLBACK, dont_filter=True,
+                meta={META: True, "dont_obey_robotstxt": True, "dont_redirect": True,
+                      "dont_retry": True, "handle_httpstatus_all": True,
+                      "download_maxsize": 8 * MAX_BYTES,
+                      "render": "http"},  # plain HTTP: never the browser rung
+            )
+            try:
+                response: Response = await self.crawler.engine.download_async(request)
+            except RetryLater as exc:  # e.g. the host is deferred by a Retry-After
+                return Fetched("unreachable", error=exc.reason, retry_after=exc.delay)
+            except DeadLetter as exc:
+                if hop == 0:  # the origin itself is refused (SSRF guard, ...): so are its pages
+                    return Fetched("refused", error=exc.reason, dead=exc)
+                return Fetched("unreachable", error=f"redirect to {url} refused: {exc.reason}")
+            except Exception as exc:
+                logger.info("robots.txt %s unreachable: %s: %s", url, type(exc).__name__, exc)
+                return Fetched("unreachable", error=f"{type(exc).__name__}: {exc}")
+            self._inc(f"webfarm/robots/status/{response.status}")
+            kind = classify(response.status)
+            if kind == "redirect":
+                location = response.headers.get(b"Location")
+                target = urljoin(response.url, location.decode("latin-1")) if location else ""
+                if urlsplit(target).scheme not in ("http", "https"):
+                    return Fetched("unreachable", response.status,
+                                   error=f"redirect to {target!r} cannot be followed")
+                url = target
+                continue
+            if kind == "parse":
+                if len(response.body) > MAX_BYTES or "download_stopped" in response.flags:
+                    self._inc("webfarm/robots/truncated")
+                return Fetched("parse", response.status, response.body[:MAX_BYTES])
+            if kind == "allow":
+                return Fetched("allow", response.status)
+            return Fetched("unreachable", response.status, error=f"HTTP {response.status}",
+                           retry_after=parse_retry_after(response.headers.get(b"Retry-After")))
+        return Fetched("allow", error=f"more than {MAX_REDIRECTS} redirects (RFC 9309 2.3.1.2)")
+
+    # -- Redis -----------------------------------------------------------------------------
+
+    def _key(self, origin: str) -> str:
+        return self.prefix + origin
+
+    def _redis_trouble(self, exc: Exception) -> None:
+        if not self._redis_warned:
+            self._redis_warned = True
+            logger.error("Redis unreachable for the robots.txt cache (%s): this worker fetches "
+                         "robots.txt itself until it is back", exc)
+
+    def _read(self, origin: str) -> Record | None:
+        if not self.prefix:
+            return None
+        try:
+            raw = self.server.hgetall(self._key(origin))
+        except REDIS_ERRORS as exc:
+            self._redis_trouble(exc)
+            return None
+        self._redis_warned = False
+        return Record.from_mapping(raw) if raw else None
+
+    def _write(self, origin: str, record: Record) -> None:
+        if not self.prefix:
+            return
+        ttl = max(int(2 * self.cache_seconds), int(record.expires - time.time()) + 60, 60)
+        try:
+            pipe = self.server.pipeline(transaction=True)
+            pipe.delete(self._key(origin))
+            pipe.hset(self._key(origin), mapping=record.to_mapping())  # type: ignore[arg-type]
+            pipe.expire(self._key(origin), ttl)
+            pipe.execute()
+        except REDIS_ERRORS as exc:
+            self._redis_trouble(exc)
+
+    def _lock(self, origin: str, token: str) -> bool:
+        if not self.prefix:
+            return True
+        try:
+            return bool(self.server.set(self._key(origin) + ":lock", token, nx=True,
+                                        px=int(self.lock_seconds * 1000)))
+        except REDIS_ERRORS as exc:
+            self._redis_trouble(exc)
+            return True
+
+    def _unlock(self, origin: str, token: str) -> None:
+        if not self.prefix:
+            return
+        try:
+            self.server.eval(
+                "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1])"
+                " end return 0", 1, self._key(origin) + ":lock", token)
+        except REDIS_ERRORS as exc:
+            self._redis_trouble(exc)
+
+    def _inc(self, key: str) -> None:
+        if self.stats is not None:
+            self.stats.inc_value(key)

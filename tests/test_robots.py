@@ -1,0 +1,320 @@
+"""robots.txt per RFC 9309 against the real test web: every claim measured at the server."""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+
+import pymongo
+import pytest
+import redis
+from scrapy.settings import Settings
+
+from middlewares.robots import origin_of
+from tests import runner, servers
+from tests.testweb import Response
+from webfarm.queue import open_frontier
+from webfarm.robots import (
+    MAX_BYTES,
+    Record,
+    RobotsRules,
+    classify,
+    product_token,
+    robots_text,
+)
+
+UA = "mybot/2.0 (+https://example.org/bot)"
+PLACEHOLDER_HINT = "set WEBFARM_USER_AGENT"
+
+
+# -- the rule table, without a network -----------------------------------------------------
+
+@pytest.mark.parametrize("status, kind", [
+    (200, "parse"), (204, "parse"), (301, "redirect"), (308, "redirect"), (400, "allow"),
+    (401, "allow"), (403, "allow"), (404, "allow"), (410, "allow"), (429, "unreachable"),
+    (500, "unreachable"), (503, "unreachable"), (599, "unreachable"), (999, "unreachable"),
+    (100, "unreachable"),
+])
+def test_status_table(status, kind):
+    assert classify(status) == kind
+
+
+@pytest.mark.parametrize("agent, token", [
+    ("webfarm/0.1 (+https://example.invalid/x)", "webfarm"),
+    ("AcmeBot/1.0", "acmebot"), ("my_crawler-x 2.0", "my_crawler-x"), ("  /1.0", "webfarm"),
+])
+def test_product_token(agent, token):
+    assert product_token(agent) == token
+
+
+def test_rules_from_hostile_bodies():
+    rules = RobotsRules.parse(b"\xef\xbb\xbfUser-agent: *\nDisallow: /private/\n")  # BOM
+    assert not rules.allowed("http://h/private/x", "webfarm")
+    assert rules.allowed("http://h/public", "webfarm")
+    garbage = bytes(random.Random(4).randrange(256) for _ in range(50_000))
+    assert RobotsRules.parse(garbage).allowed("http://h/any", "webfarm")
+    latin1 = "User-agent: *\nDisallow: /caf\xe9/\nCrawl-delay: nan\n".encode("latin-1")
+    rules = RobotsRules.parse(latin1)
+    assert rules.allowed("http://h/other", "webfarm") and rules.crawl_delay("webfarm") is None
+    big = b"User-agent: *\nDisallow: /a/\n" + b"#" * MAX_BYTES + b"\nDisallow: /b/\n"
+    text, cut = robots_text(big)
+    assert cut and len(text.encode()) <= MAX_BYTES
+    rules = RobotsRules.parse(big)
+    assert not rules.allowed("http://h/a/1", "webfarm") and rules.allowed("http://h/b/1", "x")
+
+
+def test_group_of_our_token_wins():
+    rules = RobotsRules.parse(b"User-agent: *\nDisallow: /\nCrawl-delay: 9\n\n"
+                              b"User-agent: webfarm\nDisallow: /private/\nCrawl-delay: 2.5\n")
+    assert rules.allowed("http://h/page", "webfarm")
+    assert not rules.allowed("http://h/private/1", "webfarm")
+    assert not rules.allowed("http://h/page", "otherbot")
+    assert rules.crawl_delay("webfarm") == 2.5 and rules.crawl_delay("otherbot") == 9
+
+
+def test_shared_record_round_trip_and_junk():
+    rec = Record("unreachable", 10.5, 9.0, 503, error="HTTP 503", good="parsed",
+                 body=b"User-agent: *\n", good_at=1.0, since=9.0)
+    raw = {k.encode(): v if isinstance(v, bytes) else v.encode()
+           for k, v in rec.to_mapping().items()}
+    assert Record.from_mapping(raw) == rec
+    assert Record.from_mapping({b"state": b"exec(evil)"}) is None
+    assert Record.from_mapping({b"state": b"parsed", b"expires": b"inf"}) is None
+    assert origin_of("HTTPS://Example.COM:443/a?b") == "https://example.com"
+    assert origin_of("http://127.0.0.2:8080/x") == "http://127.0.0.2:8080"
+
+
+# -- crawls ----------------------------------------------------------------------------------
+
+@pytest.fixture()
+def stores(redis_url, mongo_uri, mongo_db_name, tmp_path):
+    return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db_name,
+            "BLOB_STORE_URI": (tmp_path / "blobs").as_uri()}
+
+
+def env(stores, **extra):
+    values = runner.env_for(**stores, WEBFARM_RENDER="http", **extra)
+    if "WEBFARM_USER_AGENT" not in extra:
+        values.pop("WEBFARM_USER_AGENT", None)
+    return values
+
+
+def netloc(base: str) -> str:
+    return base.split("//", 1)[1]
+
+
+def mini_site(web, base: str, pages: int = 3, private: int = 2) -> list[str]:
+    """A home page linking /page/N and /private/N, on ``base`` only. Returns every URL."""
+    paths = [f"/page/{i}" for i in range(pages)] + [f"/private/{i}" for i in range(private)]
+    links = "".join(f'<p><a href="{p}">link to {p}</a></p>' for p in paths)
+    home = f"<html><head><title>mini</title></head><body><h1>Mini</h1>{links}</body></html>"
+    web.route("/", Response.html(home), host=base, prefix=False)
+
+    def page(info):
+        return Response.html(f"<html><body><h1>{info.path}</h1><p>A plain page.</p></body>"
+                             "</html>")
+
+    web.route("/page/", page, host=base)
+    web.route("/private/", page, host=base)
+    return [f"{base}/"] + [base + p for p in paths]
+
+
+def crawl_args(starts: list[str], *settings: str) -> list[str]:
+    args = ["crawl", "generic", "-a", "start=" + ",".join(starts)]
+    for s in settings:
+        args += ["-s", s]
+    return args
+
+
+def run(args, environment, timeout=90):
+    result = runner.scrapy(args, environment, timeout)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "Traceback" not in result.output, result.output[-3000:]
+    return result
+
+
+def paths_hit(web, base: str, prefix: str) -> list[str]:
+    return [h.path for h in web.hits_for(host=base) if h.path.startswith(prefix)]
+
+
+def stat(output: str, name: str) -> int:
+    found = re.findall(rf"'{re.escape(name)}': (\d+)", output)
+    return sum(int(n) for n in found)
+
+
+def frontier_of(redis_url: str):
+    settings = Settings({"DUPEFILTER_CLASS": "webfarm.dupefilter.BloomDupeFilter",
+                         "SCHEDULER_QUEUE_CLASS": "webfarm.frontier.Frontier"})
+    return open_frontier(settings, "generic", redis.Redis.from_url(redis_url))
+
+
+def stored_urls(stores) -> set[str]:
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    return {doc["url"] for doc in db.pages.find()}
+
+
+def test_disallowed_never_fetched_even_by_the_first_burst_of_two_workers(web, stores, tmp_path):
+    base = web.base_urls[0]
+    urls = mini_site(web, base, pages=3, private=4)
+    robots = ("User-agent: otherbot\nDisallow: /\n\n"
+              "User-agent: mybot\nDisallow: /private/\n")
+    release = threading.Event()
+
+    def slow_robots(info):
+        release.wait(30)  # every request of both workers is in flight while this is fetched
+        return Response.text(robots)
+
+    web.route("/robots.txt", slow_robots, host=base)
+    environment = env(stores, WEBFARM_USER_AGENT=UA, WEBFARM_IDLE_TIMEOUT="2",
+                      WEBFARM_CONCURRENT_REQUESTS="3")
+    # Private URLs are seeds: they are popped at once, before robots.txt is known.
+    starts = [u for u in urls if "/private/" in u] + [u for u in urls if "/private/" not in u]
+    frontier = frontier_of(stores["REDIS_URL"])
+    procs = [runner.popen(crawl_args(starts), environment, tmp_path / "a.log")]
+    try:
+        servers.wait_for(lambda: web.hits_for(host=base, path="/robots.txt"), 60,
+                         "worker a fetching robots.txt")
+        procs.append(runner.popen(crawl_args(starts), environment, tmp_path / "b.log"))
+        # Worker b took requests of the same host while a's robots.txt fetch is pending.
+        servers.wait_for(lambda: frontier.counts()["leased"] > 3, 60, "worker b leasing")
+        release.set()
+        assert [p.wait(90) for p in procs] == [0, 0]
+    finally:
+        release.set()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    logs = [(tmp_path / f"{n}.log").read_text() for n in ("a", "b")]
+    for log in logs:
+        assert "Traceback" not in log, log[-3000:]
+        assert PLACEHOLDER_HINT not in log
+
+    assert paths_hit(web, base, "/private/") == []
+    assert sorted(set(paths_hit(web, base, "/page/"))) == ["/page/0", "/page/1", "/page/2"]
+    assert len(web.hits_for(host=base, path="/robots.txt")) == 1  # one fetch for both workers
+    assert {h.headers.get("user-agent") for h in web.hits_for(host=base)} == {UA}
+    assert stat(logs[0] + logs[1], "webfarm/robots/disallowed") >= 4
+    assert stat(logs[0], "webfarm/robots/waited") >= 1  # a's other requests waited on its fetch
+    assert stat(logs[1], "webfarm/robots/waited_other_worker") >= 1  # b waited for a's
+    assert stored_urls(stores) == {u for u in urls if "/private/" not in u}
+    assert frontier.counts()["dead"] == 0 and frontier.is_idle()  # acked, not dead letters
+    cached = redis.Redis.from_url(stores["REDIS_URL"]).hgetall(
+        f"webfarm:{{generic}}:robots:http://{netloc(base)}")
+    assert cached[b"state"] == b"parsed" and cached[b"body"] == robots.encode()
+
+
+def test_robots_404_allows_all_and_placeholder_agent_warns(web, stores):
+    base = web.base_urls[1]
+    urls = mini_site(web, base)
+    web.route("/robots.txt", Response.text("not here", status=404), host=base)
+    result = run(crawl_args([f"{base}/"]), env(stores))
+    assert sorted(h.path for h in web.hits_for(host=base) if h.path != "/robots.txt") == sorted(
+        u.removeprefix(base) for u in urls)
+    warnings = [line for line in result.output.splitlines() if PLACEHOLDER_HINT in line]
+    assert len(warnings) == 1 and "WARNING" in warnings[0], warnings
+    assert stat(result.output, "webfarm/robots/outcome/allow") == 1
+
+
+def test_robots_500_holds_every_request_until_it_heals(web, stores, tmp_path):
+    base = web.base_urls[0]
+    urls = mini_site(web, base, pages=3, private=2)
+    healed = threading.Event()
+
+    def robots(info):
+        if healed.is_set():
+            return Response.text("User-agent: *\nDisallow: /private/\n")
+        return Response.text("down for maintenance", status=500)
+
+    web.route("/robots.txt", robots, host=base)
+    environment = env(stores)
+    proc = runner.popen(crawl_args(urls, "WEBFARM_ROBOTS_RETRY_DELAY=1.5"), environment,
+                        tmp_path / "w.log")
+    try:
+        frontier = frontier_of(stores["REDIS_URL"])
+        servers.wait_for(lambda: len(web.hits_for(host=base, path="/robots.txt")) >= 2, 30,
+                         "robots.txt fetched twice")
+        counts = frontier.counts()
+        assert counts["delayed"] + counts["queued"] + counts["leased"] == len(urls), counts
+        assert counts["delayed"] >= 1 and counts["dead"] == 0, counts
+        assert [h for h in web.hits_for(host=base) if h.path != "/robots.txt"] == []
+        healed_at = time.monotonic()
+        healed.set()
+        assert proc.wait(90) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = (tmp_path / "w.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+    pages = [h for h in web.hits_for(host=base) if h.path != "/robots.txt"]
+    assert pages and min(h.monotonic for h in pages) > healed_at
+    assert paths_hit(web, base, "/private/") == []
+    assert stored_urls(stores) == {u for u in urls if "/private/" not in u}
+    assert frontier.counts()["dead"] == 0 and frontier.is_idle()
+    assert stat(log, "webfarm/robots/retry_later") >= 1
+
+
+def redirect_chain(web, base: str, hops: int, final: str) -> None:
+    """/robots.txt -> /r/1 -> ... -> /r/<hops>, which serves ``final``."""
+    web.route("/robots.txt", Response(301, {"Location": "/r/1"}), host=base)
+
+    def hop(info):
+        n = int(info.path.rsplit("/", 1)[1])
+        if n >= hops:
+            return Response.text(final)
+        return Response(302, {"Location": f"{base}/r/{n + 1}"})
+
+    web.route("/r/", hop, host=base)
+
+
+def test_redirects_five_followed_six_mean_unavailable(web, stores):
+    five, six = web.base_urls
+    rules = "User-agent: *\nDisallow: /private/\n"
+    redirect_chain(web, five, 5, rules)
+    redirect_chain(web, six, 6, rules)
+    urls = mini_site(web, five) + mini_site(web, six)
+    run(crawl_args(urls), env(stores))
+    # Reached within five redirects: obeyed for the first origin.
+    assert paths_hit(web, five, "/private/") == []
+    assert len(paths_hit(web, five, "/r/")) == 5
+    # A sixth redirect: not followed, robots.txt "unavailable", so everything is allowed.
+    assert paths_hit(web, six, "/r/") == [f"/r/{n}" for n in range(1, 6)]
+    assert sorted(set(paths_hit(web, six, "/private/"))) == ["/private/0", "/private/1"]
+
+
+def test_huge_and_garbage_robots_txt(web, stores):
+    big, junk = web.base_urls
+    filler = "".join(f"# filler line {i:06d} " + "x" * 80 + "\n" for i in range(6000))
+    body = ("User-agent: *\nDisallow: /private/\n" + filler).encode()
+    body += "Disallow: /caf\xe9/\n".encode("latin-1") + b"\x00\xff\xfe" * 100
+    assert len(body) > MAX_BYTES
+    body += b"\nDisallow: /page/\n"  # beyond the 500 KiB limit: must be ignored
+    web.route("/robots.txt", Response(200, {"Content-Type": "text/plain"}, body), host=big)
+    garbage = bytes(random.Random(7).randrange(256) for _ in range(20_000))
+    web.route("/robots.txt", Response(200, {"Content-Type": "text/plain; charset=utf-16"},
+                                      garbage), host=junk)
+    urls = mini_site(web, big) + mini_site(web, junk)
+    result = run(crawl_args(urls), env(stores))
+    assert paths_hit(web, big, "/private/") == []
+    assert sorted(set(paths_hit(web, big, "/page/"))) == ["/page/0", "/page/1", "/page/2"]
+    assert sorted(set(paths_hit(web, junk, "/private/"))) == ["/private/0", "/private/1"]
+    assert stat(result.output, "webfarm/robots/truncated") == 1
+
+
+def test_crawl_delay_at_the_server(web, stores):
+    chosen, capped = web.base_urls
+    web.route("/robots.txt", Response.text("User-agent: *\nCrawl-delay: 30\n\n"
+                                           "User-agent: webfarm\nCrawl-delay: 0.8\n"),
+              host=chosen)
+    web.route("/robots.txt", Response.text("User-agent: *\nCrawl-delay: 600\n"), host=capped)
+    urls = mini_site(web, chosen, pages=4, private=0) + mini_site(web, capped, pages=4,
+                                                                    private=0)
+    result = run(crawl_args(urls, "WEBFARM_MAX_CRAWL_DELAY=1.2"), env(stores))
+    for base, delay in ((chosen, 0.8), (capped, 1.2)):
+        times = sorted(h.monotonic for h in web.hits_for(host=base) if h.path != "/robots.txt")
+        assert len(times) == 5
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        assert min(gaps) >= delay * 0.85, (base, gaps)
+    capped_lines = [ln for ln in result.output.splitlines() if "Crawl-delay 600" in ln]
+    assert capped_lines and "capped" in capped_lines[0] and netloc(capped) in capped_lines[0]
