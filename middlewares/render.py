@@ -52,6 +52,7 @@ from webfarm.render import (
     RenderCheck,
     RenderConfigError,
     check_render_check,
+    host_key,
     judgeable,
     mode_for_host,
     needs_js,
@@ -89,7 +90,7 @@ class RenderMiddleware:
         self.default_mode = parse_mode(settings.get("WEBFARM_RENDER", "auto"), "WEBFARM_RENDER")
         self.host_modes = parse_host_modes(settings.get("WEBFARM_RENDER_HOSTS"))
         api_hosts = settings.getlist("WEBFARM_FETCH_API_HOSTS")
-        self.host_modes.update({h.strip().lower(): "api" for h in api_hosts if h.strip()})
+        self.host_modes.update({host_key(h): "api" for h in api_hosts if h.strip()})
         self.memory_seconds = settings.getfloat("WEBFARM_RENDER_MEMORY_SECONDS", 21600.0)
         rate = settings.getfloat("WEBFARM_RENDER_PROBE_RATE", 0.05)
         self.probe_period = round(1 / rate) if rate > 0 else 0

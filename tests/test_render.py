@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 
 import pymongo
 import pytest
@@ -10,6 +11,7 @@ import redis
 from scrapy.settings import Settings
 
 from tests import runner
+from tests.fetchapiserver import FetchAPIServer
 from tests.testweb.jspages import JsSite
 from webfarm.blobstore import open_blob_store
 from webfarm.queue import open_frontier
@@ -119,3 +121,82 @@ def test_render_check_selector_escalates_pages_missing_it(web, stores):
         assert doc["fetch_method"] == ("browser" if n % 2 else "http")
         assert f"content of page {n}" in body_of(stores, doc)
     assert stat(result, "webfarm/render/escalated") == 2
+
+
+# -- the fetch API rung (tests/fetchapiserver.py speaks the contract) -----------------------
+
+def frontier(redis_url: str):
+    settings = Settings({"DUPEFILTER_CLASS": "webfarm.dupefilter.BloomDupeFilter",
+                         "SCHEDULER_QUEUE_CLASS": "webfarm.frontier.Frontier"})
+    return open_frontier(settings, "generic", redis.Redis.from_url(redis_url))
+
+
+def redis_dump(redis_url: str) -> str:
+    client = redis.Redis.from_url(redis_url)
+    out = []
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key).decode()
+        value = {"string": client.get, "hash": client.hgetall, "list": lambda k: client.lrange(
+            k, 0, -1), "zset": lambda k: client.zrange(k, 0, -1, withscores=True),
+                 "set": client.smembers}.get(kind, lambda k: b"")(key)
+        out.append(f"{key!r} {value!r}")
+    return "\n".join(out)
+
+
+def test_fetch_api_hosts_go_through_the_api(web, stores, redis_url):
+    key = f"sk-live-{uuid.uuid4().hex}"
+    site = JsSite(pages=3, is_js=lambda n: False).install(web, web.base_urls[0])
+    with FetchAPIServer(key) as api:
+        api.fail_first[site.url(0)] = 1  # 503 once: back to the frontier, then fine
+        api.bad_json.add(site.url(2))  # broken JSON: dead-lettered with the reason
+        env = runner.env_for(**stores, WEBFARM_FETCH_API_URL=api.url, WEBFARM_FETCH_API_KEY=key,
+                             WEBFARM_FETCH_API_HOSTS=site.host)
+        result = crawl(env, "-a", f"start={site.url()}", "-s", "WEBFARM_RETRY_BACKOFF_BASE=0.2")
+        calls = list(api.calls)
+
+    stored = pages(stores)
+    assert set(stored) == {site.url(), site.url(0), site.url(1)}, result.output[-6000:]
+    for doc in stored.values():
+        assert doc["fetch_method"] == "api" and doc["status"] == 200
+        assert "content of" in body_of(stores, doc)
+    assert all(ok for _, ok in calls) and [u for u, _ in calls].count(site.url(0)) == 2
+    # Only the API fetched the pages (the crawler itself fetched robots.txt at most).
+    crawler_hits = [h for h in web.hits_for(host=site.host) if "webfarm" in
+                    h.headers.get("user-agent", "") and h.path != "/robots.txt"]
+    assert crawler_hits == []
+    dead = frontier(redis_url).dead_letters()
+    assert [d["reason"] for d in dead] == [dead[0]["reason"]] and "not JSON" in dead[0]["reason"]
+    assert site.url(2) in dead[0]["payload"]
+    assert stat(result, "webfarm/render/api") == 3
+    assert stat(result, "webfarm/render/api_failed") == 2
+    # The key never leaves the process: not in logs, stats, Redis or the index.
+    assert key not in result.output
+    assert key not in redis_dump(redis_url)
+    assert key not in repr(list(stored.values()))
+
+
+def test_browser_failure_falls_back_to_the_api(web, stores, redis_url):
+    """No Chromium: one clear line; with the API on, the pages still arrive."""
+    key = f"sk-{uuid.uuid4().hex}"
+    site = JsSite(pages=2, is_js=lambda n: False).install(web, web.base_urls[1])
+    with FetchAPIServer(key) as api:
+        env = runner.env_for(**stores, WEBFARM_FETCH_API_URL=api.url, WEBFARM_FETCH_API_KEY=key,
+                             WEBFARM_CHROMIUM="/nonexistent/chromium")
+        result = crawl(env, "-a", f"start={site.url()}", "-a", "render=browser")
+    stored = pages(stores)
+    assert {d["fetch_method"] for d in stored.values()} == {"api"} and len(stored) == 3
+    assert stat(result, "webfarm/render/browser_failed") == 3
+    assert result.output.count("WEBFARM_CHROMIUM='/nonexistent/chromium' is not an executable "
+                               "file; fix it or unset it") == 1
+
+
+def test_missing_chromium_dead_letters_with_the_reason(web, stores, redis_url, tmp_path):
+    site = JsSite(pages=1).install(web, web.base_urls[0])
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = runner.env_for(**stores, PATH=f"{empty}:{runner.SCRAPY[0].rsplit('/', 1)[0]}")
+    crawl(env, "-a", f"start={site.url()}", "-a", "render=browser")
+    assert pages(stores) == {}
+    dead = frontier(redis_url).dead_letters()
+    assert len(dead) == 1 and "no Chromium was found on PATH" in dead[0]["reason"]
+    assert "make chromium" in dead[0]["reason"]

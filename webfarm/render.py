@@ -20,6 +20,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from scrapy.http import Response, TextResponse
@@ -76,7 +77,16 @@ def parse_host_modes(value: Any, source: str = "WEBFARM_RENDER_HOSTS") -> dict[s
             value = pairs
     if not isinstance(value, Mapping):
         raise RenderConfigError(f"{source} must map host to mode, got {type(value).__name__}")
-    return {str(h).strip().lower(): parse_mode(m, f"{source}[{h!r}]") for h, m in value.items()}
+    return {host_key(h): parse_mode(m, f"{source}[{h!r}]") for h, m in value.items()}
+
+
+def host_key(value: Any) -> str:
+    """``host``, ``host:port`` or a URL, as the host key rules are matched on."""
+    text = str(value).strip().lower()
+    if "://" in text:
+        parts = urlsplit(text)
+        text = parts.netloc.rsplit("@", 1)[-1]
+    return text.rstrip("/")
 
 
 def mode_for_host(host_modes: Mapping[str, str], host: str) -> str | None:
