@@ -1,0 +1,83 @@
+"""Retry-After on 429 and 503: the host is left alone until then, measured at the server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from email.utils import formatdate
+
+import pytest
+
+from middlewares.retry import parse_retry_after
+from tests.test_robots import (
+    crawl_args,
+    env,
+    frontier_of,
+    mini_site,
+    run,
+    stat,
+    stored_urls,
+    stores,  # noqa: F401 - fixture
+)
+
+NOW = 1_800_000_000.0
+
+
+@pytest.mark.parametrize("value, seconds", [
+    (b"120", 120.0), ("  7 ", 7.0), ("1.5", 1.5), ("0", 0.0),
+    (formatdate(NOW + 90, usegmt=True), 90.0),
+    (formatdate(NOW - 90, usegmt=True), 0.0),  # a date in the past: go ahead
+    ("Sun, 06 Nov 1994 08:49:37 GMT", 0.0),
+    (None, None), ("", None), ("-5", None), ("soon", None), ("1e9", None), ("12abc", None),
+    ("Mon, 99 Foo 2026 99:99:99 GMT", None), (b"\xff\xfe", None), ("9" * 40, None),
+])
+def test_parse_retry_after(value, seconds):
+    assert parse_retry_after(value, now=NOW) == seconds
+
+
+def first_hit_refused(status: int, retry_after):
+    """A handler: the host's first page request gets ``status`` + Retry-After, then pages."""
+    state = {"refused": None}
+    lock = threading.Lock()
+
+    def handler(info):
+        if info.path == "/robots.txt":
+            return None
+        with lock:
+            if state["refused"] is None:
+                state["refused"] = info.path
+                value = retry_after() if callable(retry_after) else retry_after
+                return type(info.catalogue())(status, {"Retry-After": value,
+                                                       "Content-Type": "text/plain"},
+                                              b"slow down\n")
+        return None
+
+    return handler, state
+
+
+def test_retry_after_defers_the_host(web, stores, tmp_path):  # noqa: F811 - fixture
+    capped, dated = web.base_urls
+    urls_capped = mini_site(web, capped, pages=3, private=0)
+    urls_dated = mini_site(web, dated, pages=3, private=0)
+    h503, refused_capped = first_hit_refused(503, "3600")
+    h429, refused_dated = first_hit_refused(429, lambda: formatdate(time.time() + 3,
+                                                                    usegmt=True))
+    for base, handler in ((capped, h503), (dated, h429)):
+        web.route("/", handler, host=base)  # ahead of the mini site's pages, falls through
+    result = run(crawl_args(urls_capped + urls_dated, "WEBFARM_RETRY_AFTER_MAX=3"),
+                 env(stores, WEBFARM_HOST_DELAY="0.5"), timeout=90)
+
+    for base, state, wait in ((capped, refused_capped, 3.0), (dated, refused_dated, 2.0)):
+        hits = sorted((h for h in web.hits_for(host=base) if h.path != "/robots.txt"),
+                      key=lambda h: h.monotonic)
+        first = next(i for i, h in enumerate(hits) if h.path == state["refused"])
+        refused_at = hits[first].monotonic
+        later = [h.monotonic - refused_at for h in hits[first + 1:]]
+        # Nothing reached the host before the deferral ended (the host delay alone is 0.5 s).
+        assert later and min(later) >= wait * 0.9, (base, later)
+        # The refused page itself came back and was fetched.
+        assert [h.path for h in hits].count(state["refused"]) == 2
+    assert stored_urls(stores) == set(urls_capped + urls_dated)
+    assert frontier_of(stores["REDIS_URL"]).counts()["dead"] == 0
+    assert "capped at WEBFARM_RETRY_AFTER_MAX=3s" in result.output
+    assert stat(result.output, "webfarm/retry_after/deferred") == 2
