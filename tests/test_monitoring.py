@@ -1,0 +1,335 @@
+"""Monitoring and alerts: shared per-host figures, Prometheus, Grafana, alert rules.
+
+End-to-end tests run real ``scrapy crawl`` workers against the test web, with short
+buckets and windows set through the environment/``-s``; alerts arrive at a real HTTP
+webhook receiver on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+from scrapy.settings import Settings
+
+from tests import runner, servers
+from tests.testweb import Response, TestWeb
+from webfarm.frontier import Entry
+from webfarm.monitor import table
+from webfarm.monitor.alerts import Evaluator, Notifier, Rules
+from webfarm.monitor.metrics import MetricsStore
+from webfarm.queue import open_frontier
+from webfarm.urls import host_of
+
+ROOT = Path(__file__).resolve().parent.parent
+DASHBOARD = ROOT / "monitoring" / "grafana-webfarm.json"
+# Short buckets, windows and intervals so alerts fire within seconds.
+FAST = {
+    "WEBFARM_METRICS_BUCKET": "1",
+    "WEBFARM_METRICS_FLUSH_INTERVAL": "0.2",
+    "WEBFARM_MONITOR_INTERVAL": "0.5",
+    "WEBFARM_ALERT_SUCCESS_WINDOW": "3",
+    "WEBFARM_ALERT_MIN_REQUESTS": "8",
+    "WEBFARM_ALERT_COOLDOWN": "600",
+}
+
+
+class Receiver:
+    """A webhook receiver: records every JSON POST."""
+
+    def __init__(self, host: str = "127.0.0.9") -> None:
+        self.posts: list[dict] = []
+        self.arrived: list[float] = []  # monotonic time of each post
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - stdlib name
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                receiver.arrived.append(time.monotonic())
+                receiver.posts.append(json.loads(body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}/hook/secret-token"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def find(self, alert_id: str, status: str) -> list[dict]:
+        return [p for p in self.posts if p["id"] == alert_id and p["status"] == status]
+
+    def when(self, alert_id: str, status: str) -> float:
+        return next(t for t, p in zip(self.arrived, self.posts, strict=True)
+                    if p["id"] == alert_id and p["status"] == status)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture()
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def shops() -> Iterator[TestWeb]:
+    """A flaky endless site on the first host; three small catalogues on the others."""
+    hosts = ("127.0.0.21", "127.0.0.22", "127.0.0.23", "127.0.0.24")
+    with TestWeb(hosts=hosts, categories=1, products_per_category=3) as web:
+        yield web
+
+
+@pytest.fixture()
+def stores(redis_url, mongo_uri, mongo_db_name, tmp_path) -> dict[str, str]:
+    return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db_name,
+            "BLOB_STORE_URI": (tmp_path / "blobs").as_uri()}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def settings_args(values: dict[str, str]) -> list[str]:
+    return [arg for k, v in values.items() for arg in ("-s", f"{k}={v}")]
+
+
+def frontier_of(redis_url: str, host_delay: float = 1.0):
+    settings = Settings({"DUPEFILTER_CLASS": "webfarm.dupefilter.BloomDupeFilter",
+                         "SCHEDULER_QUEUE_CLASS": "webfarm.frontier.Frontier",
+                         "WEBFARM_HOST_DELAY": host_delay})
+    return open_frontier(settings, "generic", redis.Redis.from_url(redis_url))
+
+
+def stop(proc: subprocess.Popen, log: Path) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return log.read_text(errors="replace")
+
+
+def endless(state: dict):
+    """``/`` and ``/p/N`` link to ten new pages each; 403 for everything while broken."""
+
+    def handler(info):
+        if info.path == "/robots.txt":
+            return None
+        if state["broken"]:
+            return Response.html("<html><body>blocked</body></html>", status=403)
+        n = int(info.path.rsplit("/", 1)[-1]) if info.path.startswith("/p/") else 0
+        links = "".join(f'<a href="/p/{n * 10 + i}">page {n * 10 + i}</a> '
+                        for i in range(1, 11))
+        return Response.html(f"<html><body><h1>page {n}</h1>{links}</body></html>")
+
+    return handler
+
+
+def scrape(port: int) -> list:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return list(text_string_to_metric_families(r.read().decode()))
+
+
+def test_403_mid_crawl_alerts_and_recovers_prometheus_and_table(shops, stores, receiver,
+                                                                 tmp_path):
+    flaky, *others = shops.base_urls
+    state = {"broken": False}
+    shops.clear_routes()
+    shops.route("/", endless(state), host=flaky)
+    port = free_port()
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0.05", WEBFARM_IDLE_TIMEOUT="0",
+                         WEBFARM_RENDER="http", WEBFARM_ALERT_WEBHOOK=receiver.url)
+    args = ["crawl", "generic", "-a", "start=" + ",".join(u + "/" for u in shops.base_urls),
+            *settings_args({**FAST, "WEBFARM_PROMETHEUS_PORT": str(port),
+                            "WEBFARM_PROMETHEUS_TOP_HOSTS": "2"})]
+    log = tmp_path / "worker.log"
+    worker = runner.popen(args, env, log)
+    alert_id = f"success_rate:{host_of(flaky)}"
+    try:
+        servers.wait_for(lambda: all(shops.hits_for(host=u) for u in shops.base_urls)
+                         and len(shops.hits_for(host=flaky)) >= 30, 60, "a healthy crawl")
+
+        # Prometheus: scraped over HTTP, parsed; host labels bounded to top 2 + "other".
+        families = scrape(port)
+        hosts = {s.labels["host"] for f in families for s in f.samples if "host" in s.labels}
+        assert len(hosts) <= 3 and "other" in hosts, hosts
+        assert host_of(flaky) in hosts  # the busiest host keeps its own label
+        ok = [s.value for f in families for s in f.samples
+              if s.name == "webfarm_responses_total" and s.labels["host"] == host_of(flaky)
+              and s.labels["status_class"] == "2xx"]
+        assert ok and ok[0] >= 20, ok
+        # Every family the exporter declares (a counter with no sample yet still is one).
+        served = ({f.name for f in families} | {s.name for f in families for s in f.samples}
+                  | {f.name + "_total" for f in families if f.type == "counter"})
+        dashboard = json.loads(DASHBOARD.read_text())
+        exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+        used = {m for e in exprs for m in re.findall(r"\bwebfarm_[a-z_]+", e)}
+        assert used and used <= served, used - served
+        assert not receiver.posts  # a healthy crawl raises nothing
+
+        state["broken"] = True  # the host starts refusing us
+        servers.wait_for(lambda: receiver.find(alert_id, "firing"), 40, "the success-rate alert")
+        fired = receiver.find(alert_id, "firing")[0]
+        assert fired["host"] == host_of(flaky) and fired["spider"] == "generic"
+        assert fired["value"] < 0.5 and fired["details"]["status"].get("4xx", 0) >= 8
+
+        # The per-host table puts the failing host first, with its 403s counted.
+        store = MetricsStore(redis.Redis.from_url(stores["REDIS_URL"]), "generic",
+                             bucket_seconds=1)
+        data = table.report(store, frontier_of(stores["REDIS_URL"]), 3,
+                            "webfarm:{generic}:alerts")
+        worst = data["hosts"][0]
+        assert worst["host"] == host_of(flaky) and worst["status"]["4xx"] > 0, worst
+        assert [a["id"] for a in data["alerts"]] == [alert_id]
+        lines = table.render(data).splitlines()
+        header = next(i for i, line in enumerate(lines) if line.startswith("HOST"))
+        assert lines[header + 1].startswith(host_of(flaky)), lines
+
+        time.sleep(2)  # broken a little longer: the alert must hold, not flap
+        assert not receiver.find(alert_id, "resolved")
+        healed = time.monotonic()
+        state["broken"] = False  # healed: pages (and links) again
+        servers.wait_for(lambda: receiver.find(alert_id, "resolved"), 40, "the recovery")
+        assert receiver.when(alert_id, "resolved") > healed
+    finally:
+        text = stop(worker, log)
+    assert len(receiver.find(alert_id, "firing")) == 1  # not repeated within the cooldown
+    assert len(receiver.find(alert_id, "resolved")) == 1
+    assert "secret-token" not in text  # the webhook's token stays out of the log
+    assert re.search(rf"ERROR: ALERT success_rate \[generic\]: {re.escape(host_of(flaky))}",
+                     text), text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+
+
+def test_stalled_crawl_raises_no_progress_and_recovers(shops, stores, receiver, tmp_path):
+    base = shops.base_urls[1]
+    release = threading.Event()
+
+    def hang(info):
+        release.wait(60)  # the home page hangs until the test lets it go
+        return None
+
+    shops.clear_routes()
+    shops.route("/", hang, host=base, prefix=False)
+    env = runner.env_for(**stores, WEBFARM_IDLE_TIMEOUT="1", WEBFARM_RENDER="http",
+                         WEBFARM_ALERT_WEBHOOK=receiver.url)
+    args = ["crawl", "generic", "-a", f"start={base}/",
+            *settings_args({**FAST, "WEBFARM_ALERT_STALL_SECONDS": "3",
+                            "DOWNLOAD_TIMEOUT": "120",
+                            # the hang must not slow the rest down (latency rule)
+                            "WEBFARM_AUTOTHROTTLE": "False"})]
+    log = tmp_path / "worker.log"
+    worker = runner.popen(args, env, log)
+    try:
+        servers.wait_for(lambda: receiver.find("no_progress", "firing"), 60,
+                         "the no-progress alert")
+        fired = receiver.find("no_progress", "firing")[0]
+        assert fired["details"]["leased"] == 1 and fired["value"] == 0, fired
+        assert not [p for p in receiver.posts if p["alert"] != "no_progress"]
+        released = time.monotonic()
+        release.set()
+        servers.wait_for(lambda: receiver.find("no_progress", "resolved"), 30, "the recovery")
+        assert receiver.when("no_progress", "resolved") > released
+        assert worker.wait(120) == 0  # the crawl then finishes by itself
+    finally:
+        release.set()
+        text = stop(worker, log)
+    assert "ERROR: ALERT no_progress [generic]: no fetch ended in the last 3s" in text
+    assert "Traceback" not in text, text[-3000:]
+
+
+# -- the rules against a real Valkey, with figures written as workers write them ---------------
+
+def _store_and_frontier(redis_url: str) -> tuple[MetricsStore, object]:
+    server = redis.Redis.from_url(redis_url)
+    store = MetricsStore(server, "generic", bucket_seconds=60)
+    # Stay clear of a minute boundary, so "this bucket" is the same for the whole test.
+    while store.now() % 60 > 56:
+        time.sleep(0.5)
+    return store, frontier_of(redis_url, host_delay=0)
+
+
+def _evaluator(store, frontier, worker: str, receiver: Receiver, **rules) -> Evaluator:
+    return Evaluator(store, frontier, worker, Rules(**rules),
+                     Notifier(receiver.url, "generic", worker, timeout=5), lock_seconds=30)
+
+
+def test_one_evaluator_at_a_time_cooldown_and_recovery_are_shared(redis_url, receiver):
+    store, frontier = _store_and_frontier(redis_url)
+    host, now = "shop.example", store.bucket_of(store.now())
+    store.write({(now - 120, f"{host}|status:2xx"): 30, (now, f"{host}|status:4xx"): 20})
+    rules = {"success_window": 120, "min_requests": 10, "cooldown": 600}
+    a = _evaluator(store, frontier, "worker-a", receiver, **rules)
+    b = _evaluator(store, frontier, "worker-b", receiver, **rules)
+    alert = f"success_rate:{host}"
+
+    assert [f.id for f in a.tick() if f.firing] == [alert]
+    assert b.tick() == [] and not b.holds_lock()  # a holds the lock: b evaluates nothing
+    a.tick()
+    a.release()  # a stops; b takes over with the state a left in Redis
+    assert any(f.id == alert and f.firing for f in b.tick())
+    assert [p["status"] for p in receiver.posts] == ["firing"]  # once, not per worker/tick
+    assert receiver.posts[0]["value"] == 0 and receiver.posts[0]["host"] == host
+
+    store.write({(now, f"{host}|status:2xx"): 40})  # 67 %: better, not recovered
+    b.tick()
+    assert len(receiver.posts) == 1
+    store.write({(now, f"{host}|status:2xx"): 100})  # 140 of 160: recovered
+    b.tick()
+    b.tick()
+    assert [p["status"] for p in receiver.posts] == ["firing", "resolved"]
+
+    store.write({(now, f"{host}|status:5xx"): 500})  # fires again within the cooldown:
+    assert any(f.id == alert and f.firing for f in b.tick())
+    store.write({(now, f"{host}|status:2xx"): 10_000})
+    b.tick()
+    assert [p["status"] for p in receiver.posts] == ["firing", "resolved"]  # neither repeated
+
+
+def test_dead_letters_per_host_and_queue_growth(redis_url, receiver):
+    store, frontier = _store_and_frontier(redis_url)
+    ev = _evaluator(store, frontier, "worker-a", receiver, dead_window=120, dead_letters=3,
+                    queue_window=600, queue_min=1000, queue_growth=0.2)
+    ev.tick()  # the first scan only notes where the dead-letter queue ends
+    frontier.push([Entry(h, 0, f"{h}{i}".encode(), f"payload {h} {i}")
+                   for i, h in enumerate(["a.example"] * 3 + ["b.example"])])
+    for _ in range(4):
+        frontier.dead(frontier.pop("w").lease_id, "HTTP 404", status=404)
+    now = store.bucket_of(store.now())
+    store.write({(now - 540, "*|g:queued"): 100})  # the queue ten minutes ago
+    frontier.push([Entry("c.example", 0, f"c{i}".encode(), f"p{i}") for i in range(1500)])
+
+    found = {f.id: f for f in ev.tick()}
+    window = store.window(120)
+    assert {h: f.dead for h, f in window.hosts.items()} == {"a.example": 3, "b.example": 1}
+    assert window.spider.dead == 4 and store.last_gauges()["dead"] == 4
+    assert store.last_gauges()["queued"] == 1500
+    assert found["dead_letters"].firing and found["dead_letters"].value == 4
+    assert found["queue_growth"].firing and found["queue_growth"].value == 1400
+    assert {p["alert"] for p in receiver.posts} == {"dead_letters", "queue_growth"}
+    data = table.report(store, frontier, 600, ev.state_key)
+    assert [a["id"] for a in data["alerts"]] == ["dead_letters", "queue_growth"]
+    assert data["trend"]["queued"] == {"first": 100, "last": 1500, "change": 1400,
+                                       "samples": 2}
+    assert {r["host"]: r["queued"] for r in data["hosts"]}["c.example"] == 1500

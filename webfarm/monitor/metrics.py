@@ -1,0 +1,338 @@
+"""Per-host crawl figures shared through Redis, in time buckets.
+
+Every worker counts what it fetched in memory (:class:`Recorder`) and adds it to
+Redis every few seconds in one pipelined batch, never a round trip per response.
+Counts live in one hash per time bucket, ``webfarm:{SPIDER}:m:<bucket start>``
+(epoch seconds), with fields ``<host>|<metric>``, and expire after the retention.
+The pseudo-host ``*`` holds the spider's totals (so spider-wide rates need no walk
+over every host) and the frontier gauges the evaluating worker samples once per
+tick (``*|g:queued`` ...), so their trend can be read back.
+
+Summing the buckets of a window (:meth:`MetricsStore.window`) gives every worker,
+``scrapy frontier`` and the alert rules the same rates.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from webfarm.frontier import key_prefix
+
+SPIDER_HOST = "*"  # the pseudo-host of the spider's totals and gauges
+GAUGES = ("queued", "ready_hosts", "delayed", "leased", "dead")
+STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "other")
+FLOAT_METRICS = frozenset({"latency_sum"})
+
+# Raise a field to a value if it is larger (latency_max): one call per bucket and flush.
+_MAX_SCRIPT = """
+for i = 1, #ARGV, 2 do
+  local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
+  if tonumber(ARGV[i + 1]) > cur then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+end
+return 1
+"""
+
+
+def status_class(status: int) -> str:
+    return f"{status // 100}xx" if 200 <= status < 600 else "other"
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class Figures:
+    """What happened at one host (or the whole spider) within a window."""
+
+    requests: int = 0
+    status: dict[str, int] = field(default_factory=dict)  # "2xx" -> responses
+    errors: dict[str, int] = field(default_factory=dict)  # exception class -> count
+    latency_sum: float = 0.0
+    latency_count: int = 0
+    latency_max: float = 0.0
+    bytes: int = 0
+    http: int = 0
+    browser: int = 0
+    items: int = 0
+    duplicates: int = 0
+    dead: int = 0
+
+    def add(self, metric: str, value: float) -> None:
+        if metric.startswith("status:"):
+            key = metric[7:]
+            self.status[key] = self.status.get(key, 0) + int(value)
+        elif metric.startswith("error:"):
+            key = metric[6:]
+            self.errors[key] = self.errors.get(key, 0) + int(value)
+        elif metric == "latency_max":
+            self.latency_max = max(self.latency_max, value)
+        elif metric in FLOAT_METRICS:
+            setattr(self, metric, getattr(self, metric) + value)
+        elif metric in ("requests", "latency_count", "bytes", "items", "duplicates", "dead"):
+            setattr(self, metric, getattr(self, metric) + int(value))
+        elif metric in ("fetch_http", "fetch_browser"):
+            setattr(self, metric[6:], getattr(self, metric[6:]) + int(value))
+        # unknown metrics (a newer worker's) are ignored
+
+    @property
+    def responses(self) -> int:
+        return sum(self.status.values())
+
+    @property
+    def error_count(self) -> int:
+        return sum(self.errors.values())
+
+    @property
+    def outcomes(self) -> int:
+        """Fetches that ended, one way or another: responses plus network errors."""
+        return self.responses + self.error_count
+
+    @property
+    def successes(self) -> int:
+        return self.status.get("2xx", 0) + self.status.get("3xx", 0)
+
+    @property
+    def success_rate(self) -> float | None:
+        """2xx and 3xx over every outcome; None when nothing ended."""
+        return self.successes / self.outcomes if self.outcomes else None
+
+    @property
+    def latency_avg(self) -> float | None:
+        return self.latency_sum / self.latency_count if self.latency_count else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "responses": self.responses,
+            "status": {k: self.status.get(k, 0) for k in STATUS_CLASSES},
+            "errors": dict(sorted(self.errors.items(), key=lambda kv: -kv[1])),
+            "error_count": self.error_count,
+            "success_rate": self.success_rate,
+            "latency_avg": self.latency_avg,
+            "latency_max": self.latency_max if self.latency_count else None,
+            "bytes": self.bytes,
+            "http": self.http,
+            "browser": self.browser,
+            "items": self.items,
+            "duplicates": self.duplicates,
+            "dead": self.dead,
+        }
+
+
+@dataclass
+class Window:
+    """The figures of a run of whole buckets; ``seconds`` is the time they cover so far."""
+
+    start: float
+    end: float
+    hosts: dict[str, Figures]
+    spider: Figures
+    gauges: list[tuple[int, dict[str, int]]]  # (bucket start, sampled gauges), oldest first
+
+    @property
+    def seconds(self) -> float:
+        return max(self.end - self.start, 1e-9)
+
+    def per_minute(self, count: float) -> float:
+        return count * 60.0 / self.seconds
+
+    def gauge_series(self, name: str) -> list[tuple[int, int]]:
+        return [(b, g[name]) for b, g in self.gauges if name in g]
+
+
+class MetricsStore:
+    """Reads and writes one spider's buckets. Thread-safe as far as the client is."""
+
+    def __init__(
+        self, server: redis.Redis, spider: str, *, bucket_seconds: int = 60,
+        retention: float = 7200.0,
+    ) -> None:
+        if bucket_seconds < 1:
+            raise ValueError(f"WEBFARM_METRICS_BUCKET must be >= 1 second, not {bucket_seconds}")
+        self.server = server
+        self.spider = spider
+        self.bucket_seconds = int(bucket_seconds)
+        self.retention = max(float(retention), float(bucket_seconds))
+        self.prefix = key_prefix(spider) + "m:"
+        self.clock_offset = 0.0
+        self._max = server.register_script(_MAX_SCRIPT)
+
+    def sync_clock(self) -> None:
+        """Use the Redis server's clock, so workers with skewed clocks share buckets."""
+        sec, usec = self.server.time()
+        self.clock_offset = sec + usec / 1e6 - time.time()
+
+    def now(self) -> float:
+        return time.time() + self.clock_offset
+
+    def bucket_of(self, t: float) -> int:
+        return int(t // self.bucket_seconds) * self.bucket_seconds
+
+    def key(self, bucket: int) -> str:
+        return f"{self.prefix}{bucket}"
+
+    # -- writing --------------------------------------------------------------------------
+
+    def write(
+        self, counts: Mapping[tuple[int, str], float],
+        maxes: Mapping[tuple[int, str], float] | None = None,
+        gauges: Mapping[str, int] | None = None,
+    ) -> None:
+        """Add ``counts`` (``(bucket, "host|metric") -> n``), raise ``maxes`` and set
+        ``gauges`` (spider gauges, current bucket), all in one pipelined round trip."""
+        pipe = self.server.pipeline(transaction=False)
+        ttl = math.ceil(self.retention + self.bucket_seconds)
+        touched: set[int] = set()
+        for (bucket, name), value in counts.items():
+            key = self.key(bucket)
+            if name.rsplit("|", 1)[-1] in FLOAT_METRICS:
+                pipe.hincrbyfloat(key, name, float(value))
+            else:
+                pipe.hincrby(key, name, int(value))
+            touched.add(bucket)
+        by_bucket: dict[int, list[Any]] = defaultdict(list)
+        for (bucket, name), value in (maxes or {}).items():
+            by_bucket[bucket] += [name, repr(float(value))]
+        for bucket, args in by_bucket.items():
+            self._max(keys=[self.key(bucket)], args=args, client=pipe)
+            touched.add(bucket)
+        if gauges:
+            bucket = self.bucket_of(self.now())
+            pipe.hset(self.key(bucket),
+                      mapping={f"{SPIDER_HOST}|g:{k}": int(v) for k, v in gauges.items()})
+            touched.add(bucket)
+        for bucket in touched:
+            pipe.expire(self.key(bucket), ttl)
+        if touched:
+            pipe.execute()
+
+    # -- reading --------------------------------------------------------------------------
+
+    def window(self, seconds: float, back: int = 0, end: float | None = None) -> Window:
+        """The last ``seconds`` (rounded to whole buckets, the current one included);
+        ``back=1`` is the window of the same size just before it, and so on."""
+        now = self.now() if end is None else end
+        n = max(1, round(seconds / self.bucket_seconds))
+        last = self.bucket_of(now) - back * n * self.bucket_seconds
+        first = last - (n - 1) * self.bucket_seconds
+        stop = now if back == 0 else last + self.bucket_seconds
+        return self.read(range(first, last + 1, self.bucket_seconds), first, stop)
+
+    def read(self, buckets: Iterable[int], start: float, end: float) -> Window:
+        buckets = list(buckets)
+        pipe = self.server.pipeline(transaction=False)
+        for bucket in buckets:
+            pipe.hgetall(self.key(bucket))
+        hosts: dict[str, Figures] = {}
+        spider = Figures()
+        gauges: list[tuple[int, dict[str, int]]] = []
+        for bucket, data in zip(buckets, pipe.execute() if buckets else [], strict=True):
+            sampled: dict[str, int] = {}
+            for raw_name, raw_value in data.items():
+                host, _, metric = _text(raw_name).partition("|")
+                try:
+                    value = float(raw_value)
+                except ValueError:
+                    continue
+                if host == SPIDER_HOST:
+                    if metric.startswith("g:"):
+                        sampled[metric[2:]] = int(value)
+                    else:
+                        spider.add(metric, value)
+                elif host and metric:
+                    hosts.setdefault(host, Figures()).add(metric, value)
+            if sampled:
+                gauges.append((bucket, sampled))
+        return Window(start, end, hosts, spider, gauges)
+
+    def last_gauges(self) -> dict[str, int] | None:
+        """The most recent frontier sample within the last two buckets, or None."""
+        now = self.bucket_of(self.now())
+        fields = [f"{SPIDER_HOST}|g:{g}" for g in GAUGES]
+        pipe = self.server.pipeline(transaction=False)
+        for bucket in (now, now - self.bucket_seconds):
+            pipe.hmget(self.key(bucket), fields)
+        for values in pipe.execute():
+            if any(v is not None for v in values):
+                return {g: int(v or 0) for g, v in zip(GAUGES, values, strict=True)}
+        return None
+
+
+class Recorder:
+    """One worker's counts, buffered until the next flush, plus running totals for
+    Prometheus. Thread-safe: the reactor adds, a flush thread drains."""
+
+    def __init__(self, store: MetricsStore) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[int, str], float] = defaultdict(float)
+        self._maxes: dict[tuple[int, str], float] = {}
+        self._totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+
+    def _add(self, host: str, pairs: Iterable[tuple[str, float]]) -> None:
+        bucket = self.store.bucket_of(self.store.now())
+        with self._lock:
+            totals = self._totals[host]
+            for metric, value in pairs:
+                for who in (host, SPIDER_HOST):
+                    self._counts[(bucket, f"{who}|{metric}")] += value
+                totals[metric] += value
+
+    def request(self, host: str) -> None:
+        self._add(host, (("requests", 1),))
+
+    def response(self, host: str, status: int, latency: float | None, size: int,
+                 browser: bool) -> None:
+        pairs: list[tuple[str, float]] = [
+            (f"status:{status_class(status)}", 1),
+            ("bytes", size),
+            ("fetch_browser" if browser else "fetch_http", 1),
+        ]
+        if latency is not None:
+            pairs += [("latency_sum", latency), ("latency_count", 1)]
+            bucket = self.store.bucket_of(self.store.now())
+            with self._lock:
+                for who in (host, SPIDER_HOST):
+                    key = (bucket, f"{who}|latency_max")
+                    self._maxes[key] = max(self._maxes.get(key, 0.0), latency)
+        self._add(host, pairs)
+
+    def error(self, host: str, kind: str) -> None:
+        self._add(host, ((f"error:{kind}", 1),))
+
+    def item(self, host: str, duplicate: bool) -> None:
+        self._add(host, (("items", 1), ("duplicates", 1 if duplicate else 0)))
+
+    def drain(self) -> tuple[dict[tuple[int, str], float], dict[tuple[int, str], float]]:
+        """Take what was counted since the last drain (give it back with :meth:`restore`
+        if writing it failed)."""
+        with self._lock:
+            counts, maxes = dict(self._counts), self._maxes
+            self._counts, self._maxes = defaultdict(float), {}
+        return {k: v for k, v in counts.items() if v}, maxes
+
+    def restore(self, counts: Mapping[tuple[int, str], float],
+                maxes: Mapping[tuple[int, str], float]) -> None:
+        with self._lock:
+            for key, value in counts.items():
+                self._counts[key] += value
+            for key, value in maxes.items():
+                self._maxes[key] = max(self._maxes.get(key, 0.0), value)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._counts) + len(self._maxes)
+
+    def totals(self) -> dict[str, dict[str, float]]:
+        """This worker's counts since it started, per host (a copy)."""
+        with self._lock:
+            return {host: dict(metrics) for host, metrics in self._totals.items()}
