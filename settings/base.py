@@ -96,6 +96,9 @@ DOWNLOADER_MIDDLEWARES = {
     "middlewares.render.RenderMiddleware": 560,
     # Before HttpProxyMiddleware (750), which turns the chosen proxy's userinfo into a header.
     "middlewares.proxies.ProxyMiddleware": 740,
+    # Next to the downloader: counts every response and network error before anything
+    # converts it (webfarm.monitor; off with WEBFARM_METRICS).
+    "webfarm.monitor.extension.MonitorMiddleware": 950,
 }
 # The latency rule runs per host in webfarm.throttle and is shared through Redis;
 # Scrapy's AutoThrottle would only slow this one worker.
@@ -105,6 +108,7 @@ AUTOTHROTTLE_TARGET_CONCURRENCY = 1.0
 AUTOTHROTTLE_MAX_DELAY = 60.0
 EXTENSIONS = {
     "webfarm.throttle.HostThrottle": 500,
+    "webfarm.monitor.extension.MonitorExtension": 510,
 }
 
 # --- SSRF guard (middlewares/ssrf.py, webfarm/netguard.py) ---------------------------
@@ -191,6 +195,37 @@ WEBFARM_NEARDUP = True
 WEBFARM_NEARDUP_DISTANCE = 3
 # Extra regexes masked before content hashing (added to webfarm.content's built-in list).
 WEBFARM_VOLATILE_PATTERNS: list[str] = []
+
+# --- monitoring and alerts (webfarm/monitor/) --------------------------------
+# Per-host figures in Redis, per time bucket: webfarm:{SPIDER}:m:<bucket start>.
+WEBFARM_METRICS = True
+WEBFARM_METRICS_BUCKET = 60  # seconds per bucket (rates are read over whole buckets)
+WEBFARM_METRICS_RETENTION = 7200.0  # seconds a bucket is kept; memory ~ hosts x buckets
+WEBFARM_METRICS_FLUSH_INTERVAL = 5.0  # seconds between a worker's pipelined writes
+# Seconds between frontier samples and alert-rule runs (one worker at a time, Redis lock).
+WEBFARM_MONITOR_INTERVAL = 15.0
+# Per-worker Prometheus /metrics (0 = off); give each worker on a machine its own port.
+WEBFARM_PROMETHEUS_PORT = int(_env_float("WEBFARM_PROMETHEUS_PORT", 0))
+WEBFARM_PROMETHEUS_ADDR = _env("WEBFARM_PROMETHEUS_ADDR", "127.0.0.1")
+WEBFARM_PROMETHEUS_TOP_HOSTS = 20  # hosts with their own label; the rest are host="other"
+WEBFARM_ALERTS = True
+WEBFARM_ALERT_WEBHOOK = _env("WEBFARM_ALERT_WEBHOOK")  # POST alerts as JSON here (unset: log)
+WEBFARM_ALERT_WEBHOOK_TIMEOUT = 5.0
+WEBFARM_ALERT_COOLDOWN = 1800.0  # seconds before the same alert is announced again
+# A host's success rate (2xx/3xx of all outcomes) below RATE and below DROP x the window
+# before, over WINDOW seconds with at least MIN_REQUESTS outcomes.
+WEBFARM_ALERT_SUCCESS_WINDOW = 300.0
+WEBFARM_ALERT_SUCCESS_RATE = 0.5
+WEBFARM_ALERT_SUCCESS_DROP = 0.5
+WEBFARM_ALERT_SUCCESS_RECOVER = 0.8  # resolved once the rate is back above this
+WEBFARM_ALERT_MIN_REQUESTS = 20
+# The queue grew by GROWTH (fraction) and at least MIN entries over WINDOW, throughput flat.
+WEBFARM_ALERT_QUEUE_WINDOW = 900.0
+WEBFARM_ALERT_QUEUE_GROWTH = 0.2
+WEBFARM_ALERT_QUEUE_MIN = 1000
+WEBFARM_ALERT_DEAD_WINDOW = 600.0  # at least DEAD_LETTERS new dead letters within this
+WEBFARM_ALERT_DEAD_LETTERS = 50
+WEBFARM_ALERT_STALL_SECONDS = 300.0  # no fetch ended this long while work is queued/leased
 
 # --- runtime -----------------------------------------------------------------
 TWISTED_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
