@@ -58,6 +58,8 @@ from webfarm.render import (
     needs_js,
     parse_host_modes,
     parse_mode,
+    rendering_helped,
+    visible_text_length,
 )
 from webfarm.urls import host_of
 
@@ -73,6 +75,7 @@ META_MODE = "render"  # the user's per-request mode
 META_RUNG = "webfarm_render_rung"  # the rung chosen for this request: http|browser|api
 META_WHY = "webfarm_render_why"  # mode|auto|memory|probe|escalated|spider|browser_failed
 META_REASON = "webfarm_render_reason"  # why an HTTP page was escalated
+META_HTTP_TEXT = "webfarm_render_http_text"  # visible characters the HTTP fetch had
 PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
 # Per-fetch meta that must not follow a request to its next rung.
 _FETCH_META = ("proxy", "_auth_proxy", "download_slot", "download_latency", "playwright_context",
@@ -207,10 +210,10 @@ class RenderMiddleware:
             return response
         if "playwright" in response.flags:
             self.stats.inc_value(f"{PREFIX}/browser")
-            if meta.get(META_WHY) == "escalated" and needs_js(
-                    response, self.check, self.min_text, rendered=True):
+            if meta.get(META_WHY) == "escalated" and not rendering_helped(
+                    response, self.check, int(meta.get(META_HTTP_TEXT) or 0)):
                 self.stats.inc_value(f"{PREFIX}/wrong_guess")
-                logger.info("Render: %s still looks incomplete after the browser (%s)",
+                logger.info("Render: the browser added nothing to %s (escalated for: %s)",
                             request.url, meta.get(META_REASON))
             return response
         why = meta.get(META_WHY)
@@ -223,7 +226,7 @@ class RenderMiddleware:
                 self.stats.inc_value(f"{PREFIX}/escalated")
                 logger.debug("Render: %s needs a browser (%s); host %s is now %s-first",
                              request.url, reason, host, mode)
-                return self._escalate(request, reason)
+                return self._escalate(request, reason, visible_text_length(response))
             if why == "probe":
                 self.stats.inc_value(f"{PREFIX}/wrong_guess")
                 logger.info("Render: host %s no longer needs a browser (an HTTP probe of %s "
@@ -231,11 +234,11 @@ class RenderMiddleware:
         self.stats.inc_value(f"{PREFIX}/http")
         return response
 
-    def _escalate(self, request: Request, reason: str) -> Request:
+    def _escalate(self, request: Request, reason: str, http_text: int) -> Request:
         """The same URL again, for the browser, back through the frontier."""
         meta = {k: v for k, v in request.meta.items() if k not in _FETCH_META}
         meta.update({META_RUNG: "browser", META_WHY: "escalated", META_REASON: reason,
-                     "playwright": True})
+                     META_HTTP_TEXT: http_text, "playwright": True})
         return request.replace(meta=meta, dont_filter=True)
 
     # -- the last rung -----------------------------------------------------------------------

@@ -12,6 +12,7 @@ from scrapy.settings import Settings
 
 from tests import runner
 from tests.fetchapiserver import FetchAPIServer
+from tests.testweb import Response, TestWeb
 from tests.testweb.jspages import JsSite
 from webfarm.blobstore import open_blob_store
 from webfarm.queue import open_frontier
@@ -200,3 +201,27 @@ def test_missing_chromium_dead_letters_with_the_reason(web, stores, redis_url, t
     dead = frontier(redis_url).dead_letters()
     assert len(dead) == 1 and "no Chromium was found on PATH" in dead[0]["reason"]
     assert "make chromium" in dead[0]["reason"]
+
+
+def test_browser_subresources_pass_the_ssrf_guard_and_useless_renders_count(web, stores):
+    """A rendered page's script from a non-allowed address is never fetched; a page whose
+    app never renders is escalated once and counted as a wrong guess."""
+    with TestWeb(hosts=("127.0.0.5",)) as internal:
+        host = web.base_urls[0]
+        page = ("<!doctype html><html><head><title>t</title>"
+                f'<script src="{internal.base_urls[0]}/admin.js"></script></head><body>'
+                '<div id="app"></div><script>document.getElementById("app").innerHTML = '
+                '"<p>content of the app</p><a href=/broken>next</a>";</script></body></html>')
+        broken = '<!doctype html><html><body><div id="root"></div></body></html>'
+        web.route("/app", Response.html(page), host=host)
+        web.route("/broken", Response.html(broken), host=host)
+        env = runner.env_for(**stores, WEBFARM_ALLOWED_NETWORKS="127.0.0.2/31")
+        result = crawl(env, "-a", f"start={host}/app")
+        assert internal.hits_for(path="/admin.js") == []
+    stored = pages(stores)
+    app, broken_doc = stored[f"{host}/app"], stored[f"{host}/broken"]
+    assert app["fetch_method"] == "browser" and "content of the app" in body_of(stores, app)
+    assert broken_doc["fetch_method"] == "browser"
+    assert stat(result, "webfarm/render/browser_refused") == 1
+    assert stat(result, "webfarm/render/escalated") == 2
+    assert stat(result, "webfarm/render/wrong_guess") == 1  # /broken: the browser added nothing

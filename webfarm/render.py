@@ -163,6 +163,17 @@ def needs_js(response: Response, check: RenderCheck = None, min_text: int = 200,
     return None
 
 
+def rendering_helped(rendered: Response, check: RenderCheck, http_text: int) -> bool:
+    """Did the browser give more than the HTTP fetch had? With a spider's check: does the
+    rendered page pass it; otherwise: does it show more visible text."""
+    if not judgeable(rendered):
+        return True  # nothing to judge (an error page, a download): not the ladder's call
+    if check is not None:
+        return needs_js(rendered, check, rendered=True) is None
+    assert isinstance(rendered, TextResponse)
+    return visible_text_length(rendered) > http_text
+
+
 # The host's counts and mode, updated in one step so workers do not race.
 # KEYS[1] the host's hash; ARGV: "js"|"ok", ttl ms, min pages, share.
 _OBSERVE = """
