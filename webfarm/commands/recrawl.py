@@ -1,0 +1,158 @@
+"""``scrapy recrawl SPIDER``: enqueue every page of SPIDER that is due for a refetch.
+
+Due pages (``next_fetch_at`` passed) go into the spider's frontier most overdue first, as
+conditional requests that bypass the dupefilter but not politeness; workers
+(``scrapy crawl SPIDER``) fetch them. See :mod:`webfarm.recrawl`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from typing import Any, ClassVar
+
+import pymongo
+import redis
+from scrapy.commands import ScrapyCommand
+from scrapy.crawler import Crawler
+from scrapy.exceptions import UsageError
+from scrapy.spiderloader import get_spider_loader
+from scrapy.utils.misc import build_from_crawler, load_object
+
+from webfarm import config
+from webfarm.queue import open_frontier
+from webfarm.recrawl import Recrawler, RoundResult, utcnow
+from webfarm.redisconn import CLIENT_OPTIONS
+
+
+class Command(ScrapyCommand):
+    requires_project = True
+    requires_crawler_process = False
+    default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
+
+    def syntax(self) -> str:
+        return "SPIDER [--limit N] [--dry-run] [--now TIME] [--json]"
+
+    def short_desc(self) -> str:
+        return "Enqueue the pages of a spider that are due for a refetch"
+
+    def long_desc(self) -> str:
+        return (
+            "Find the pages of SPIDER whose next_fetch_at has passed and enqueue them in its "
+            "frontier, most overdue first (priority from how late they are relative to their "
+            "interval), as conditional requests (If-None-Match / If-Modified-Since) that "
+            "bypass the dupefilter but keep per-host politeness. Pages enqueued by an earlier "
+            "round and not fetched yet are not enqueued again. Workers fetch them: "
+            "`scrapy crawl SPIDER`. For a fleet without cron, set WEBFARM_RECRAWL_INTERVAL."
+        )
+
+    def add_options(self, parser: argparse.ArgumentParser) -> None:
+        super().add_options(parser)
+        parser.add_argument("--limit", type=int, default=None, metavar="N",
+                            help="enqueue at most the N most overdue pages")
+        parser.add_argument("--dry-run", dest="dry_run", action="store_true",
+                            help="show what is due, enqueue nothing")
+        parser.add_argument("--now", default=None, metavar="TIME",
+                            help="what is due at TIME (ISO 8601, or +SECONDS from now) "
+                                 "instead of now")
+        parser.add_argument("--json", dest="json", action="store_true",
+                            help="print the counts (and with --dry-run the pages) as JSON")
+
+    def run(self, args: list[str], opts: argparse.Namespace) -> None:
+        if len(args) != 1:
+            raise UsageError("give one spider name", print_help=False)
+        try:
+            self._run(args[0], opts)
+        except _Error as exc:
+            print(f"webfarm: {exc}", file=sys.stderr)
+            self.exitcode = exc.code
+
+    def _run(self, name: str, opts: argparse.Namespace) -> None:
+        assert self.settings is not None
+        if opts.limit is not None and opts.limit < 1:
+            raise _Error(f"--limit {opts.limit}: give a positive number of pages")
+        now = parse_now(opts.now)
+        try:
+            spidercls = get_spider_loader(self.settings).load(name)
+        except KeyError:
+            raise _Error(f"no spider named {name!r}; `scrapy list` shows them") from None
+        crawler = Crawler(spidercls, self.settings)  # the spider's own settings apply
+        settings = crawler.settings
+        try:
+            redis_url, mongo_uri = config.redis_url(settings), config.mongo_uri(settings)
+            config.check_redis(redis_url, _variable(settings, "REDIS_URL"))
+            config.check_mongo(mongo_uri, _variable(settings, "MONGO_URI"))
+            frontier = open_frontier(settings, name,
+                                     redis.Redis.from_url(redis_url, **CLIENT_OPTIONS))
+        except (config.ConfigError, ValueError) as exc:
+            raise _Error(str(exc), 1) from None
+        fingerprinter = build_from_crawler(
+            load_object(settings["REQUEST_FINGERPRINTER_CLASS"]), crawler)
+        client: pymongo.MongoClient = pymongo.MongoClient(mongo_uri, tz_aware=True,
+                                                          serverSelectionTimeoutMS=10_000)
+        try:
+            pages = client[settings.get("MONGO_DATABASE") or "webfarm"]["pages"]
+            recrawler = Recrawler(pages, frontier, name, fingerprinter)
+            result = recrawler.run(now=now, limit=opts.limit, dry_run=opts.dry_run)
+        finally:
+            client.close()
+        print(render(name, result, opts.json))
+
+
+class _Error(Exception):
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _variable(settings: Any, name: str) -> str:
+    return name if settings.get(name) else f"{name} (unset: embedded)"
+
+
+def parse_now(value: str | None) -> dt.datetime:
+    """``None`` (now), ``+SECONDS`` (from now) or an ISO 8601 time (UTC if no zone)."""
+    if value is None:
+        return utcnow()
+    text = value.strip()
+    try:
+        if text.startswith("+"):
+            return utcnow() + dt.timedelta(seconds=float(text[1:]))
+        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise _Error(f"--now {value!r}: give an ISO 8601 time (2026-05-01T12:00:00Z) or "
+                     "+SECONDS") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
+
+
+def render(name: str, result: RoundResult, as_json: bool) -> str:
+    counts = {"spider": name, "due": len(result.due), "enqueued": result.enqueued,
+              "conditional": result.conditional, "still_queued": result.skipped_queued,
+              "dry_run": result.dry_run}
+    if as_json:
+        if result.dry_run:
+            counts["pages"] = [{"url": p.url, "overdue_seconds": round(p.overdue, 1),
+                                "overdue_ratio": round(p.ratio, 3), "priority": p.priority,
+                                "conditional": p.conditional} for p in result.due]
+        return json.dumps(counts)
+    if result.dry_run:
+        lines = [f"{'overdue':>10} {'ratio':>8} {'prio':>4}  url"]
+        lines += [f"{_span(p.overdue):>10} {p.ratio:8.2f} {p.priority:>4}  {p.url}"
+                  for p in result.due[:50]]
+        if len(result.due) > 50:
+            lines.append(f"... and {len(result.due) - 50} more")
+        lines.append(f"recrawl {name} (dry run): {len(result.due)} due, "
+                     f"{result.conditional} with validators, "
+                     f"{result.skipped_queued} still queued from an earlier round")
+        return "\n".join(lines)
+    return (f"recrawl {name}: {result.enqueued} enqueued of {len(result.due)} due "
+            f"({result.conditional} conditional), {result.skipped_queued} still queued "
+            "from an earlier round")
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
