@@ -108,6 +108,7 @@ AUTOTHROTTLE_TARGET_CONCURRENCY = 1.0
 AUTOTHROTTLE_MAX_DELAY = 60.0
 EXTENSIONS = {
     "webfarm.throttle.HostThrottle": 500,
+    "webfarm.recrawl.RecrawlExtension": 520,  # continuous recrawl (WEBFARM_RECRAWL_INTERVAL)
     "webfarm.monitor.extension.MonitorExtension": 510,
 }
 
@@ -178,8 +179,24 @@ ITEM_PIPELINES = {
 WEBFARM_STORAGE_THREADS = 8
 # First refetch interval of a new page, in seconds (the refetch policy moves it later).
 WEBFARM_REFETCH_INTERVAL = _env_float("WEBFARM_REFETCH_INTERVAL", 86400.0)
-# Object computing refetch_interval/next_fetch_at on every fetch (import path; from_crawler).
-WEBFARM_REFETCH_POLICY = "webfarm.index.FixedRefetch"
+# Object computing refetch_interval/next_fetch_at on every fetch (import path; from_crawler);
+# webfarm.refetch.RefetchPolicy adapts each page's interval to its estimated change rate,
+# webfarm.index.FixedRefetch keeps WEBFARM_REFETCH_INTERVAL for every page.
+WEBFARM_REFETCH_POLICY = "webfarm.refetch.RefetchPolicy"
+# Bounds of RefetchPolicy's interval (seconds, or "30m", "6h", "2d"); a spider's refetch_min /
+# refetch_max / refetch_interval / refetch_cost attributes override them for that spider.
+WEBFARM_REFETCH_MIN = _env("WEBFARM_REFETCH_MIN", "3600")
+WEBFARM_REFETCH_MAX = _env("WEBFARM_REFETCH_MAX", "2592000")  # 30 days
+# What one fetch is worth in seconds of one page being out of date: larger = fewer fetches.
+WEBFARM_REFETCH_COST = _env("WEBFARM_REFETCH_COST", "14400")
+# Per URL/host overrides, first match wins: [{"pattern": REGEX, "min"/"max"/"interval"/"cost"}]
+# (a list here, JSON in the environment), e.g. [{"pattern": "/pricing", "max": "2h"}].
+WEBFARM_REFETCH_RULES = _env("WEBFARM_REFETCH_RULES")
+WEBFARM_REFETCH_MEMORY = 30  # checks a page's change-rate estimate remembers (decay 1 - 1/N)
+# Continuous recrawl inside workers: every N seconds one worker (Redis lock) enqueues the due
+# pages; 0 = off (use `scrapy recrawl SPIDER`). A recrawling worker never stops for idleness.
+WEBFARM_RECRAWL_INTERVAL = _env_float("WEBFARM_RECRAWL_INTERVAL", 0.0)
+WEBFARM_RECRAWL_BATCH = 10_000  # most overdue pages enqueued per round
 # Pages (or items) per bulk write, and the longest a page waits for its batch (seconds);
 # an item is done, and its request acknowledged, only once its batch is written.
 WEBFARM_INDEX_BATCH_SIZE = 100
