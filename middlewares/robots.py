@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from secrets import token_hex
 from urllib.parse import urljoin, urlsplit
 
-import redis
 from scrapy import Request, Spider, signals
 from scrapy.crawler import Crawler
 from scrapy.exceptions import NotConfigured, StopDownload
@@ -63,26 +62,29 @@ from twisted.internet.task import deferLater
 from middlewares.retry import parse_retry_after
 from webfarm import signals as wf_signals
 from webfarm.exceptions import DeadLetter, RetryLater
-from webfarm.frontier.core import key_prefix
 from webfarm.redisconn import redis_client
 from webfarm.robots import (
     ALLOW_ALL,
     DISALLOW_ALL,
     MAX_BYTES,
     MAX_REDIRECTS,
+    Fetched,
     Record,
     RobotsDisallowed,
     RobotsRules,
     classify,
+    next_record,
+    origin_of,
     product_token,
+    verdict,
 )
+from webfarm.robotscache import SharedRobotsCache
 from webfarm.threads import storage_threads
 from webfarm.urls import host_of
 
 logger = logging.getLogger(__name__)
 
 META = "webfarm_robots"  # marks our own robots.txt requests
-REDIS_ERRORS = (redis.RedisError, ConnectionError, TimeoutError)
 MEMORY_ORIGINS = 4096  # parsed robots.txt kept in memory per worker (LRU)
 PARSE_IN_THREAD = 64 * 1024  # bodies larger than this are parsed off the reactor
 _placeholder_warned = False
@@ -110,12 +112,6 @@ def robots_agent(settings: BaseSettings) -> str:
     return product_token(explicit or settings.get("USER_AGENT") or "")
 
 
-def origin_of(url: str) -> str:
-    """``scheme://host[:port]``: robots.txt applies to one scheme, host and port."""
-    parts = urlsplit(url)
-    return f"{parts.scheme.lower()}://{host_of(url)}"
-
-
 @dataclass
 class Known:
     """What this worker currently knows about an origin's robots.txt."""
@@ -128,16 +124,6 @@ class Known:
     deferred: bool = False
     spacing: float = 0.0  # the Crawl-delay in force (0: none)
     burst: bool = False  # loaded while requests of other workers waited for the same file
-
-
-@dataclass
-class Fetched:
-    kind: str  # "parse", "allow", "unreachable", "refused"
-    status: int = 0
-    body: bytes = b""
-    error: str = ""
-    retry_after: float | None = None
-    dead: DeadLetter | None = None
 
 
 class RobotsMiddleware:
@@ -161,11 +147,10 @@ class RobotsMiddleware:
         self.base_delay = settings.getfloat("WEBFARM_HOST_DELAY", 1.0)
         self.lock_seconds = (MAX_REDIRECTS + 1) * settings.getfloat("DOWNLOAD_TIMEOUT", 180) + 10
         self.server = redis_client(settings)
-        self.prefix = ""
+        self.cache: SharedRobotsCache | None = None
         self._known: OrderedDict[str, Known] = OrderedDict()
         self._pending: dict[str, list[Deferred[None]]] = {}
         self._delays: dict[str, float] = {}
-        self._redis_warned = False
         crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(self.bytes_received, signal=signals.bytes_received)
 
@@ -174,7 +159,8 @@ class RobotsMiddleware:
         return cls(crawler)
 
     def spider_opened(self, spider: Spider) -> None:
-        self.prefix = key_prefix(spider.name) + "robots:"
+        self.cache = SharedRobotsCache(self.server, spider.name, self.lock_seconds,
+                                       keep_seconds=2 * self.cache_seconds)
 
     def bytes_received(self, data: bytes, request: Request, spider: Spider) -> None:
         """Stop a robots.txt download past the parsing limit and keep what came."""
@@ -272,7 +258,12 @@ class RobotsMiddleware:
             if fetched.kind == "refused":
                 return Known("refused", time.monotonic() + self.retry_delay,
                              reason=fetched.error, dead=fetched.dead)
-            record = self._record(fetched, self._read(origin) or record)
+            self._inc(f"webfarm/robots/outcome/{fetched.kind}")
+            retry_in = self.retry_delay
+            if fetched.retry_after is not None:
+                retry_in = min(max(fetched.retry_after, 1.0), self.retry_after_max)
+            record = next_record(fetched, self._read(origin) or record, time.time(),
+                                 self.cache_seconds, retry_in)
             self._write(origin, record)
         finally:
             self._unlock(origin, token)
@@ -294,43 +285,24 @@ class RobotsMiddleware:
         return Known("busy", time.monotonic() + 1.0,
                      reason="another worker is still fetching it")
 
-    def _record(self, fetched: Fetched, previous: Record | None) -> Record:
-        now = time.time()
-        self._inc(f"webfarm/robots/outcome/{fetched.kind}")
-        if fetched.kind == "parse":
-            return Record("parsed", now + self.cache_seconds, now, fetched.status,
-                          good="parsed", body=fetched.body[:MAX_BYTES], good_at=now)
-        if fetched.kind == "allow":
-            return Record("allow", now + self.cache_seconds, now, fetched.status,
-                          error=fetched.error, good="allow", good_at=now)
-        delay = self.retry_delay
-        if fetched.retry_after is not None:
-            delay = min(max(fetched.retry_after, 1.0), self.retry_after_max)
-        prev = previous or Record("unreachable", 0.0, 0.0)
-        since = prev.since if prev.state == "unreachable" and prev.since else now
-        return Record("unreachable", now + delay, now, fetched.status, error=fetched.error,
-                      good=prev.good, body=prev.body, good_at=prev.good_at, since=since)
-
     async def _known_from(self, origin: str, record: Record) -> Known:
         now, mono = time.time(), time.monotonic()
         until = mono + max(min(record.expires - now, self.cache_seconds), 0.5)
-        if record.state == "unreachable":
-            reason = f"HTTP {record.status}" if record.status else record.error or "unreachable"
-            if record.good and record.good_at + 2 * self.cache_seconds > now:
-                logger.info("robots.txt of %s is unreachable (%s); using the copy fetched "
-                            "%.0fs ago", origin, reason, now - record.good_at)
-                record = Record(record.good, record.expires, record.fetched,  # type: ignore
-                                body=record.body)
-            elif self.outage_allow > 0 and now - record.since >= self.outage_allow:
-                logger.warning("robots.txt of %s unreachable for %.0f days: treated as "
-                               "unavailable (allow all), as RFC 9309 2.3.1.4 permits", origin,
-                               (now - record.since) / 86400)
-                return Known("rules", until, ALLOW_ALL)
-            else:
-                logger.info("robots.txt of %s unreachable (%s): its requests wait %.0fs",
-                            origin, reason, record.expires - now)
-                return Known("unreachable", until, reason=reason)
-        if record.state == "allow" or record.good == "allow" and not record.body:
+        reason = f"HTTP {record.status}" if record.status else record.error or "unreachable"
+        how = verdict(record, now, 2 * self.cache_seconds, self.outage_allow)
+        if how == "unreachable":
+            logger.info("robots.txt of %s unreachable (%s): its requests wait %.0fs", origin,
+                        reason, record.expires - now)
+            return Known("unreachable", until, reason=reason)
+        if how == "outage-allow":
+            logger.warning("robots.txt of %s unreachable for %.0f days: treated as unavailable "
+                           "(allow all), as RFC 9309 2.3.1.4 permits", origin,
+                           (now - record.since) / 86400)
+            return Known("rules", until, ALLOW_ALL)
+        if how == "stale":
+            logger.info("robots.txt of %s unreachable (%s); using the copy fetched %.0fs ago",
+                        origin, reason, now - record.good_at)
+        if how == "allow" or record.good == "allow":
             return Known("rules", until, ALLOW_ALL)
         if len(record.body) > PARSE_IN_THREAD:
             rules = await storage_threads(self.crawler).run(RobotsRules.parse, record.body)
@@ -408,60 +380,21 @@ class RobotsMiddleware:
                            retry_after=parse_retry_after(response.headers.get(b"Retry-After")))
         return Fetched("allow", error=f"more than {MAX_REDIRECTS} redirects (RFC 9309 2.3.1.2)")
 
-    # -- Redis -----------------------------------------------------------------------------
-
-    def _key(self, origin: str) -> str:
-        return self.prefix + origin
-
-    def _redis_trouble(self, exc: Exception) -> None:
-        if not self._redis_warned:
-            self._redis_warned = True
-            logger.error("Redis unreachable for the robots.txt cache (%s): this worker fetches "
-                         "robots.txt itself until it is back", exc)
+    # -- the shared copy (nothing shared before the spider opened) -----------------------------
 
     def _read(self, origin: str) -> Record | None:
-        if not self.prefix:
-            return None
-        try:
-            raw = self.server.hgetall(self._key(origin))
-        except REDIS_ERRORS as exc:
-            self._redis_trouble(exc)
-            return None
-        self._redis_warned = False
-        return Record.from_mapping(raw) if raw else None
+        return self.cache.read(origin) if self.cache else None
 
     def _write(self, origin: str, record: Record) -> None:
-        if not self.prefix:
-            return
-        ttl = max(int(2 * self.cache_seconds), int(record.expires - time.time()) + 60, 60)
-        try:
-            pipe = self.server.pipeline(transaction=True)
-            pipe.delete(self._key(origin))
-            pipe.hset(self._key(origin), mapping=record.to_mapping())  # type: ignore[arg-type]
-            pipe.expire(self._key(origin), ttl)
-            pipe.execute()
-        except REDIS_ERRORS as exc:
-            self._redis_trouble(exc)
+        if self.cache:
+            self.cache.write(origin, record)
 
     def _lock(self, origin: str, token: str) -> bool:
-        if not self.prefix:
-            return True
-        try:
-            return bool(self.server.set(self._key(origin) + ":lock", token, nx=True,
-                                        px=int(self.lock_seconds * 1000)))
-        except REDIS_ERRORS as exc:
-            self._redis_trouble(exc)
-            return True
+        return self.cache.lock(origin, token) if self.cache else True
 
     def _unlock(self, origin: str, token: str) -> None:
-        if not self.prefix:
-            return
-        try:
-            self.server.eval(
-                "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1])"
-                " end return 0", 1, self._key(origin) + ":lock", token)
-        except REDIS_ERRORS as exc:
-            self._redis_trouble(exc)
+        if self.cache:
+            self.cache.unlock(origin, token)
 
     def _inc(self, key: str) -> None:
         if self.stats is not None:

@@ -12,17 +12,20 @@ import pytest
 import redis
 from scrapy.settings import Settings
 
-from middlewares.robots import origin_of
 from tests import runner, servers
 from tests.testweb import Response
 from webfarm.queue import open_frontier
 from webfarm.robots import (
     MAX_BYTES,
+    Fetched,
     Record,
     RobotsRules,
     classify,
+    next_record,
+    origin_of,
     product_token,
     robots_text,
+    verdict,
 )
 
 UA = "mybot/2.0 (+https://example.org/bot)"
@@ -84,6 +87,25 @@ def test_shared_record_round_trip_and_junk():
     assert Record.from_mapping({b"state": b"parsed", b"expires": b"inf"}) is None
     assert origin_of("HTTPS://Example.COM:443/a?b") == "https://example.com"
     assert origin_of("http://127.0.0.2:8080/x") == "http://127.0.0.2:8080"
+
+
+def test_outage_keeps_the_last_good_copy_then_may_allow():
+    day = 86400.0
+    good = next_record(Fetched("parse", 200, b"User-agent: *\nDisallow: /x\n"), None, 0.0,
+                       day, 300)
+    assert verdict(good, 10.0, 2 * day, 30 * day) == "parsed" and good.expires == day
+    down = next_record(Fetched("unreachable", 503), good, day + 1, day, 300)
+    assert down.body == good.body and down.since == day + 1 and down.expires == day + 301
+    assert verdict(down, day + 2, 2 * day, 30 * day) == "stale"  # RFC 9309 2.4
+    later = next_record(Fetched("unreachable", error="TimeoutError"), down, 3 * day, day, 300)
+    assert later.since == day + 1  # the outage goes on
+    assert verdict(later, 3 * day, 2 * day, 30 * day) == "unreachable"  # copy too old now
+    fresh = next_record(Fetched("unreachable", 500), None, 0.0, day, 300)
+    assert verdict(fresh, 100.0, 2 * day, 30 * day) == "unreachable"
+    assert verdict(fresh, 31 * day, 2 * day, 30 * day) == "outage-allow"
+    assert verdict(fresh, 31 * day, 2 * day, 0) == "unreachable"  # 0: never allow
+    gone = next_record(Fetched("allow", 404), None, 0.0, day, 300)
+    assert verdict(gone, 1.0, 2 * day, 0) == "allow"
 
 
 # -- crawls ----------------------------------------------------------------------------------

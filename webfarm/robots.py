@@ -30,9 +30,13 @@ import math
 import re
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlsplit
 
 from protego import Protego
 from scrapy.exceptions import IgnoreRequest
+
+from webfarm.exceptions import DeadLetter
+from webfarm.urls import host_of
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +73,11 @@ def product_token(user_agent: str, default: str = "webfarm") -> str:
     """
     match = _TOKEN.match(user_agent.strip())
     return match.group(0).lower() if match else default
+
+
+def origin_of(url: str) -> str:
+    """``scheme://host[:port]``: a robots.txt speaks for one scheme, host and port."""
+    return f"{urlsplit(url).scheme.lower()}://{host_of(url)}"
 
 
 def robots_text(body: bytes) -> tuple[str, bool]:
@@ -184,3 +193,50 @@ class Record:
                        since=number("since"))
         except ValueError:
             return None
+
+
+@dataclass
+class Fetched:
+    """The outcome of fetching one robots.txt (redirects followed)."""
+
+    kind: str  # "parse", "allow", "unreachable", "refused" (a middleware dead-lettered it)
+    status: int = 0
+    body: bytes = b""
+    error: str = ""
+    retry_after: float | None = None
+    dead: DeadLetter | None = None  # with "refused": what to dead-letter the pages with
+
+
+def next_record(fetched: Fetched, previous: Record | None, now: float, fresh_for: float,
+                retry_in: float) -> Record:
+    """The shared record after a fetch. An unreachable file keeps the last good copy and
+    the start of the outage; it is tried again in ``retry_in`` seconds."""
+    if fetched.kind == "parse":
+        return Record("parsed", now + fresh_for, now, fetched.status, good="parsed",
+                      body=fetched.body[:MAX_BYTES], good_at=now)
+    if fetched.kind == "allow":
+        return Record("allow", now + fresh_for, now, fetched.status, error=fetched.error,
+                      good="allow", good_at=now)
+    prev = previous or Record("unreachable", 0.0, 0.0)
+    since = prev.since if prev.state == "unreachable" and prev.since else now
+    return Record("unreachable", now + retry_in, now, fetched.status, error=fetched.error,
+                  good=prev.good, body=prev.body, good_at=prev.good_at, since=since)
+
+
+Verdict = Literal["parsed", "allow", "stale", "outage-allow", "unreachable"]
+
+
+def verdict(record: Record, now: float, keep_for: float, outage_allow: float) -> Verdict:
+    """How to treat requests under ``record``.
+
+    ``stale``: unreachable now, but a good copy younger than ``keep_for`` is used (RFC
+    9309 2.4); ``outage-allow``: unreachable with no copy for ``outage_allow`` seconds
+    (> 0), so "unavailable" (2.3.1.4 MAY); ``unreachable``: disallow all for now.
+    """
+    if record.state != "unreachable":
+        return record.state
+    if record.good and record.good_at + keep_for > now:
+        return "stale"
+    if outage_allow > 0 and now - record.since >= outage_allow:
+        return "outage-allow"
+    return "unreachable"

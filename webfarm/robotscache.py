@@ -1,0 +1,77 @@
+"""The robots.txt copies every worker shares, in Redis, and the lock that makes one fetch.
+
+Keys: ``webfarm:{SPIDER}:robots:<origin>`` (a hash of :class:`webfarm.robots.Record`:
+plain fields and the raw text, never anything executable) and ``…:<origin>:lock``
+(the token of the worker fetching it). A Redis outage degrades to "every worker
+fetches for itself" with one logged line, never to "allowed".
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import redis
+
+from webfarm.frontier.core import key_prefix
+from webfarm.robots import Record
+
+logger = logging.getLogger(__name__)
+
+REDIS_ERRORS = (redis.RedisError, ConnectionError, TimeoutError)
+_UNLOCK = ("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) "
+           "end return 0")
+
+
+class SharedRobotsCache:
+    def __init__(self, server: redis.Redis, spider: str, lock_seconds: float,
+                 keep_seconds: float) -> None:
+        self.server = server
+        self.prefix = key_prefix(spider) + "robots:"
+        self.lock_ms = int(lock_seconds * 1000)
+        self.keep_seconds = keep_seconds  # how long a copy stays for outages (>= its freshness)
+        self._warned = False
+
+    def key(self, origin: str) -> str:
+        return self.prefix + origin
+
+    def read(self, origin: str) -> Record | None:
+        try:
+            raw = self.server.hgetall(self.key(origin))
+        except REDIS_ERRORS as exc:
+            self._trouble(exc)
+            return None
+        self._warned = False
+        return Record.from_mapping(raw) if raw else None
+
+    def write(self, origin: str, record: Record) -> None:
+        ttl = max(int(self.keep_seconds), int(record.expires - time.time()) + 60, 60)
+        try:
+            pipe = self.server.pipeline(transaction=True)
+            pipe.delete(self.key(origin))
+            pipe.hset(self.key(origin), mapping=record.to_mapping())  # type: ignore[arg-type]
+            pipe.expire(self.key(origin), ttl)
+            pipe.execute()
+        except REDIS_ERRORS as exc:
+            self._trouble(exc)
+
+    def lock(self, origin: str, token: str) -> bool:
+        """True when this worker may fetch (it got the lock, or Redis is down)."""
+        try:
+            return bool(self.server.set(self.key(origin) + ":lock", token, nx=True,
+                                        px=self.lock_ms))
+        except REDIS_ERRORS as exc:
+            self._trouble(exc)
+            return True
+
+    def unlock(self, origin: str, token: str) -> None:
+        try:
+            self.server.eval(_UNLOCK, 1, self.key(origin) + ":lock", token)
+        except REDIS_ERRORS as exc:
+            self._trouble(exc)
+
+    def _trouble(self, exc: Exception) -> None:
+        if not self._warned:
+            self._warned = True
+            logger.error("Redis unreachable for the shared robots.txt cache (%s): this worker "
+                         "fetches robots.txt itself until it is back", exc)
