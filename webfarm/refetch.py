@@ -30,8 +30,8 @@ a fetch that saw no change) and stores what it returns in the page's document. T
    ``[min, max]`` (``nudge`` 5 %, ``step`` 4). One noisy estimate never swings it far.
 
 In ``bench/bench_refetch.py`` (10,000 simulated pages changing hourly..yearly, 180 days)
-the default cost of 4 h needs about 0.75x the fetches of Nutch's AdaptiveFetchSchedule at
-about 0.75x its staleness; at equal staleness it needs about half the fetches.
+the default cost of 4 h needs 0.45x the fetches of Nutch's AdaptiveFetchSchedule at 0.91x
+its staleness; along the cost curve, 0.39x the fetches at Nutch's staleness.
 
 Bounds come from the settings ``WEBFARM_REFETCH_MIN`` / ``_MAX`` / ``_INTERVAL`` (first
 interval) / ``_COST``, overridden per spider by class attributes ``refetch_min``,
