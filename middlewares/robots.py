@@ -25,7 +25,8 @@ empty robots.txt (allow all), treats network errors as allow all, follows up to
   one worker fetches under a Redis lock, the others wait for its result.
 * While a robots.txt is being fetched, every other request to that origin waits
   for the result (in this worker: on the same fetch; in others: on the lock); none
-  slips through as "allowed".
+  slips through as "allowed". (Scrapy's waiters share one Deferred, which
+  ``asFuture`` leaves firing None for all but the first: read as "allow".)
 * Disallowed requests end in :class:`~webfarm.robots.RobotsDisallowed` (an
   ``IgnoreRequest``): the frontier acknowledges them, stats count them
   (``webfarm/robots/disallowed``); they are not dead letters, since nothing failed.
@@ -345,7 +346,7 @@ class RobotsMiddleware:
             request = Request(
                 url, priority=self.DOWNLOAD_PRIORITY, callback=NO_CALLBACK, dont_filter=True,
                 meta={META: True, "dont_obey_robotstxt": True, "dont_redirect": True,
-                      "dont_retry": True, "handle_httpstatus_all": True,
+                      "dont_retry": True, "handle_httpstatus_all": True, "allow_offsite": True,
                       "download_maxsize": 8 * MAX_BYTES,
                       "render": "http"},  # plain HTTP: never the browser rung
             )
