@@ -304,3 +304,25 @@ def test_hamming() -> None:
     assert hamming(0, 0) == 0
     assert hamming(0b1011, 0b0001) == 2
     assert hamming(2**64 - 1, 0) == 64
+
+
+def test_volatile_patterns_setting_adds_to_the_defaults() -> None:
+    from scrapy.settings import Settings
+
+    from pipelines.content import PageHasher
+    from webfarm.content import fingerprint, volatile_patterns
+
+    one = b"<html><body><p>Order ref ORD-1234 placed</p><p>Price 9.99</p></body></html>"
+    two = one.replace(b"ORD-1234", b"ORD-9876")
+    assert content_hash(one, "text/html") != content_hash(two, "text/html")
+    settings = Settings({"WEBFARM_VOLATILE_PATTERNS": [r"\bORD-\d+"]})
+    hasher = PageHasher.from_settings(settings, threads=None)  # type: ignore[arg-type]
+    assert hasher.volatile[: len(DEFAULT_VOLATILE_PATTERNS)] == DEFAULT_VOLATILE_PATTERNS
+    assert fingerprint(one, "text/html", volatile=hasher.volatile) == fingerprint(
+        two, "text/html", volatile=hasher.volatile)
+    changed_price = one.replace(b"9.99", b"8.99")
+    assert fingerprint(one, "text/html", volatile=hasher.volatile) != fingerprint(
+        changed_price, "text/html", volatile=hasher.volatile)
+    assert volatile_patterns("a\n\nb") == (*DEFAULT_VOLATILE_PATTERNS, "a", "b")
+    with pytest.raises(ValueError, match="WEBFARM_VOLATILE_PATTERNS: '\\(oops'"):
+        volatile_patterns(["(oops"])

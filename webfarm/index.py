@@ -6,12 +6,17 @@ same fetch twice changes only counters and times, so a redelivered request
 pipeline batches pages and runs :meth:`IndexStore.record_pages` off the reactor.
 
 One batch is a few round trips whatever its size: read the stored pages
-(``$in``), upsert ``contents`` (``url_count`` moves by ``$inc``, guarded by the
-fetch's id so a retried batch counts once), read the contents back (who was
-first: ``duplicate_of``), look up near-duplicates by SimHash band, then upsert
-``pages``. Each page upsert is conditional on the ``fetch_count`` it was read
-with: a concurrent writer of the same page makes it fail with a duplicate-key
-error, and that page is simply re-read and written again.
+(``$in``), insert the contents not seen before, read them back (who was first:
+``duplicate_of``), look up near-duplicates by SimHash band, upsert ``pages``,
+then move ``url_count`` from each page's old content to its new one.
+
+Exactly once under concurrency and retries: each page upsert is conditional on
+the ``fetch_count`` it was read with, so of two workers writing one page, one
+gets a duplicate-key error and simply re-reads and writes again. ``url_count``
+moves by ``$inc`` guarded with the fetch's id (``contents.applied`` keeps the
+last 64), and a page remembers a move until its next write re-issues it
+(``counts_pending``), so a retried batch, a redelivered request or a worker
+killed between the two writes counts each URL once.
 """
 
 from __future__ import annotations
@@ -178,24 +183,13 @@ class IndexStore:
                records: dict[int, PageRecord]) -> list[int]:
         ids = {i: url_fingerprint(pages[i]["url"]) for i in batch}
         before = {d["_id"]: d for d in self.pages.find({"_id": {"$in": list(ids.values())}})}
-        # 1. contents: insert new ones, move url_count from the old hash to the new one.
-        content_ops: list[UpdateOne] = []
+        # 1. contents that are new get their document (url_count moves later).
+        inserts: dict[str, UpdateOne] = {}
         for i in batch:
-            page, b = pages[i], before.get(ids[i])
-            if page.get("not_modified") or (b and b.get("fetch_id") == page["fetch_id"]):
-                continue
-            old, new = (b or {}).get("content_hash"), page["content_hash"]
-            if old == new:
-                continue
-            content_ops.append(self._content_op(page, ids[i]))
-            if old:
-                tag = "-" + page["fetch_id"]
-                content_ops.append(UpdateOne(
-                    {"_id": old, "applied": {"$ne": tag}},
-                    {"$inc": {"url_count": -1},
-                     "$push": {"applied": {"$each": [tag], "$slice": -APPLIED_KEEP}}},
-                ))
-        upsert_guarded(self.contents, content_ops)
+            page = pages[i]
+            if page.get("content_hash") and not page.get("not_modified"):
+                inserts.setdefault(page["content_hash"], self._content_insert(page, ids[i]))
+        upsert_guarded(self.contents, list(inserts.values()))
         # 2. who holds each content first, and near-duplicates of new contents.
         hashes = {pages[i]["content_hash"] for i in batch if pages[i].get("content_hash")}
         contents = {d["_id"]: d for d in self.contents.find(
@@ -204,8 +198,12 @@ class IndexStore:
         # 3. pages, each conditional on the version it was read at.
         ops: list[UpdateOne] = []
         order: list[int] = []
+        counts: list[UpdateOne] = []
         for i in batch:
             page, pid, b = pages[i], ids[i], before.get(ids[i])
+            if b and b.get("counts_pending"):  # its last move may not have been counted
+                counts += self._count_ops(b["fetch_id"], b.get("prev_content_hash"),
+                                          b.get("content_hash"))
             if b and b.get("fetch_id") == page["fetch_id"]:  # a retry of an applied write
                 records[i] = PageRecord(pid, False, False, False, b.get("duplicate_of"),
                                         b.get("near_duplicate_of"),
@@ -220,26 +218,44 @@ class IndexStore:
         conflicts = [order[k] for k in bulk_upsert(self.pages, ops)]
         for i in conflicts:
             del records[i]
+        # 4. url_count follows the pages that now hold (or left) a content. Guarded by the
+        # fetch id, so re-issuing (a retry, the next write of a page) counts once.
+        failed = set(conflicts)
+        for i in order:
+            page, b = pages[i], before.get(ids[i])
+            old = (b or {}).get("content_hash")
+            if i not in failed and not page.get("not_modified") and old != page["content_hash"]:
+                counts += self._count_ops(page["fetch_id"], old, page["content_hash"])
+        if counts:
+            self.contents.bulk_write(counts, ordered=False)
         return conflicts
 
-    def _content_op(self, page: dict[str, Any], pid: str) -> UpdateOne:
-        tag = "+" + page["fetch_id"]
+    @staticmethod
+    def _count_ops(fetch_id: str, old: str | None, new: str | None) -> list[UpdateOne]:
+        ops = []
+        for content, step in ((new, 1), (old, -1)):
+            if content:
+                tag = f"{'+' if step > 0 else '-'}{fetch_id}"
+                ops.append(UpdateOne(
+                    {"_id": content, "applied": {"$ne": tag}},
+                    {"$inc": {"url_count": step},
+                     "$push": {"applied": {"$each": [tag], "$slice": -APPLIED_KEEP}}},
+                ))
+        return ops
+
+    def _content_insert(self, page: dict[str, Any], pid: str) -> UpdateOne:
         fields: dict[str, Any] = {
             "blob_key": page["blob_key"],
             "size": len(page.get("body") or b""),
             "first_url": canonical_url(page["url"]),
             "first_page_id": pid,
             "first_seen": utc(page["fetched_at"]),
+            "url_count": 0,
         }
         if page.get("simhash") is not None:
             fields["simhash"] = neardup.to_stored(page["simhash"])
             fields["simhash_bands"] = neardup.bands(page["simhash"])
-        return UpdateOne(
-            {"_id": page["content_hash"], "applied": {"$ne": tag}},
-            {"$setOnInsert": fields, "$inc": {"url_count": 1},
-             "$push": {"applied": {"$each": [tag], "$slice": -APPLIED_KEEP}}},
-            upsert=True,
-        )
+        return UpdateOne({"_id": page["content_hash"]}, {"$setOnInsert": fields}, upsert=True)
 
     def _near_duplicates(self, pages: list[dict[str, Any]], batch: list[int],
                          ids: dict[int, str], contents: dict[str, dict[str, Any]]
@@ -282,6 +298,7 @@ class IndexStore:
                 fields[name] = fields[name] or b.get(name)
         if not_modified:
             changed = False
+            fields["counts_pending"] = False
             duplicate_of = b.get("duplicate_of")
             record = PageRecord(pid, False, False, False, duplicate_of,
                                 b.get("near_duplicate_of"), b.get("near_duplicate_distance"),
@@ -308,6 +325,9 @@ class IndexStore:
             })
             if changed or b is None:
                 fields["last_changed_at"] = fetched
+            moved = (b or {}).get("content_hash") != page["content_hash"]
+            fields["counts_pending"] = moved
+            fields["prev_content_hash"] = (b or {}).get("content_hash") if moved else None
             new_content = (content or {}).get("first_page_id") == pid and (
                 b is None or changed)
             record = PageRecord(pid, b is None, changed, new_content, duplicate_of,

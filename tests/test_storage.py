@@ -1,0 +1,328 @@
+"""Storage: dedupe under concurrency and redelivery, near-duplicates, the refetch hook and
+the 304 path, batched writes that hold an item until stored, items, atomic blobs."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import pymongo
+import pytest
+import scrapy
+from scrapy.utils.test import get_crawler
+
+from pipelines.blobs import BlobStorePipeline
+from pipelines.index import IndexPipeline
+from webfarm.blobstore import FileBlobStore, S3BlobStore, blob_key
+from webfarm.content import fingerprint
+from webfarm.index import FixedRefetch, IndexStore, load_refetch_policy
+from webfarm.items import PageItem
+from webfarm.itemstore import ItemError, ItemStore, make_entry
+from webfarm.threads import StorageThreads
+from webfarm.urls import url_fingerprint
+
+HOST = "127.0.0.2:8081"
+
+
+def page(path: str, content_hash: str, ts: float | None = None, **extra):
+    url = f"http://{HOST}{path}"
+    return {"url": url, "final_url": url, "host": HOST, "spider": "t", "status": 200,
+            "body": b"x" * 10, "content_type": "text/html", "fetched_at": ts or time.time(),
+            "fetch_method": "http", "content_hash": content_hash,
+            "blob_key": f"raw/{content_hash[:2]}/{content_hash}", **extra}
+
+
+@pytest.fixture()
+def store(mongo_uri, mongo_db_name):
+    s = IndexStore(mongo_uri, mongo_db_name)
+    s.ensure_indexes()
+    yield s
+    s.client.drop_database(mongo_db_name)
+    s.close()
+
+
+def test_dedupe_is_exact_under_concurrent_writers_and_redelivery(store, mongo_uri,
+                                                                 mongo_db_name):
+    hashes = [f"{i:02x}" * 32 for i in range(5)]
+    pages = [page(f"/p/{n}", hashes[n % 5]) for n in range(30)]
+
+    def worker(seed: int) -> None:  # every worker records every page: 3 redeliveries each
+        own = IndexStore(mongo_uri, mongo_db_name)
+        mine = pages[:]
+        random.Random(seed).shuffle(mine)
+        for i in range(0, len(mine), 7):
+            own.record_pages(mine[i:i + 7])
+        own.close()
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert store.pages.count_documents({}) == 30
+    assert {d["fetch_count"] for d in store.pages.find()} == {4}
+    assert {d["_id"]: d["url_count"] for d in store.contents.find()} == dict.fromkeys(hashes, 6)
+    for h in hashes:
+        first = store.contents.find_one({"_id": h})["first_page_id"]
+        sharing = list(store.pages.find({"content_hash": h}))
+        assert {d["duplicate_of"] for d in sharing} == {None, first}
+        assert [d["_id"] for d in sharing if d["duplicate_of"] is None] == [first]
+    # A page whose content changes moves its count from the old content to the new one.
+    store.record_pages([{**pages[0], "content_hash": "ab" * 32, "blob_key": "raw/ab/x"}])
+    assert store.contents.find_one({"_id": hashes[0]})["url_count"] == 5
+    assert store.contents.find_one({"_id": "ab" * 32})["url_count"] == 1
+
+
+def test_a_retried_batch_is_applied_once(store):
+    batch = [page("/a", "aa" * 32, fetch_id="f1"), page("/b", "aa" * 32, fetch_id="f2")]
+    store.record_pages(batch)
+    again = store.record_pages(batch)  # the same fetches again: a retry after a lost reply
+    assert not any(r.new_page for r in again)
+    assert {d["fetch_count"] for d in store.pages.find()} == {1}
+    assert store.contents.find_one({"_id": "aa" * 32})["url_count"] == 2
+
+
+def _html(text: str, banner: str = "") -> bytes:
+    return f"<html><body>{banner}<h1>Catalogue</h1><p>{text}</p></body></html>".encode()
+
+
+def test_near_duplicates_are_recorded_not_merged(store):
+    rng = random.Random(3)  # a 1000-word page; the banner moves its SimHash by 2 bits
+    words = [f"{rng.choice(['river', 'stone', 'lamp', 'kettle', 'north'])}{rng.randint(0, 50)}"
+             for _ in range(1000)]
+    bodies = {"/a": _html(" ".join(words)),
+              "/mirror": _html(" ".join(words), "<div>Free shipping this week only</div>"),
+              "/other": _html(" ".join(reversed(words)))}
+    docs = []
+    for path, body in bodies.items():
+        digest, sim = fingerprint(body, "text/html", with_simhash=True)
+        docs.append(page(path, digest, simhash=sim, body=body))
+    store.record_pages(docs[:1])
+    records = store.record_pages(docs[1:])
+    a, mirror, other = (store.pages.find_one({"_id": url_fingerprint(d["url"])}) for d in docs)
+    assert mirror["near_duplicate_of"] == a["_id"] and 0 < mirror["near_duplicate_distance"] <= 3
+    assert records[0].near_duplicate_of == a["_id"]
+    assert mirror["content_hash"] != a["content_hash"] and mirror["duplicate_of"] is None
+    assert other["near_duplicate_of"] is None and a["near_duplicate_of"] is None
+    assert store.contents.count_documents({}) == 3  # three contents, three blobs: not merged
+    assert len(store.contents.find_one({"_id": a["content_hash"]})["simhash_bands"]) == 4
+    assert "simhash_bands_1" in store.contents.index_information()
+
+    off = IndexStore(store.client.address and f"mongodb://{store.client.address[0]}:"
+                     f"{store.client.address[1]}", store.db.name, neardup_distance=-1)
+    moved = {**docs[1], "url": docs[1]["url"] + "2", "final_url": docs[1]["url"] + "2"}
+    assert off.record_pages([moved])[0].near_duplicate_of is None
+    off.close()
+
+
+class Doubling:
+    """A refetch policy: double the interval while nothing changes, reset on a change."""
+
+    calls: list[tuple[dict | None, bool]] = []
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        return cls(crawler.settings.getfloat("WEBFARM_REFETCH_INTERVAL"))
+
+    def fields(self, before, changed, fetched_at, **page):
+        assert page["url"].startswith("http://") and page["host"] == HOST
+        Doubling.calls.append((before, changed))
+        interval = self.start if before is None or changed else before["refetch_interval"] * 2
+        return {"refetch_interval": interval,
+                "next_fetch_at": fetched_at + dt.timedelta(seconds=interval), "seen": True}
+
+
+def test_refetch_policy_runs_on_every_fetch_and_304_keeps_the_content(store):
+    crawler = get_crawler(settings_dict={
+        "WEBFARM_REFETCH_POLICY": "tests.test_storage.Doubling", "WEBFARM_REFETCH_INTERVAL": 10})
+    policy = load_refetch_policy(crawler)
+    assert isinstance(policy, Doubling) and policy.start == 10
+    assert isinstance(load_refetch_policy(get_crawler()), FixedRefetch)
+    store.refetch = policy
+    Doubling.calls.clear()
+    t0 = time.time()
+    store.record_pages([page("/r", "cc" * 32, t0, etag='"v1"', last_modified="Mon, 01 Jan 2024")])
+    store.record_pages([page("/r", "cc" * 32, t0 + 10)])
+    store.record_pages([page("/r", "dd" * 32, t0 + 20, etag='"v2"')])
+    not_modified = {**page("/r", "00" * 32, t0 + 30), "status": 304, "not_modified": True,
+                    "content_hash": None, "blob_key": None, "body": b""}
+    record = store.record_pages([not_modified])[0]
+    doc = store.pages.find_one({"_id": url_fingerprint(f"http://{HOST}/r")})
+    assert [(b is None, changed) for b, changed in Doubling.calls] == [
+        (True, False), (False, False), (False, True), (False, False)]
+    assert record.not_modified and not record.changed
+    assert doc["content_hash"] == "dd" * 32 and doc["blob_key"] == f"raw/dd/{'dd' * 32}"
+    assert doc["status"] == 200 and doc["last_status"] == 304 and doc["etag"] == '"v2"'
+    assert doc["fetch_count"] == 4 and doc["change_count"] == 1 and doc["seen"] is True
+    assert doc["refetch_interval"] == 20 and doc["fetched_at"].timestamp() == pytest.approx(t0 + 30)
+    assert (doc["next_fetch_at"] - doc["fetched_at"]).total_seconds() == pytest.approx(20)
+    assert store.contents.find_one({"_id": "dd" * 32})["url_count"] == 1
+
+
+def _fail_updates(client: pymongo.MongoClient, on: bool) -> None:
+    client.admin.command("configureFailPoint", "failCommand",
+                         mode="alwaysOn" if on else "off",
+                         data={"failCommands": ["update"], "errorCode": 2})
+
+
+def test_an_item_is_done_only_when_its_batch_is_stored(store):
+    crawler = get_crawler()
+    pipeline = IndexPipeline(store, crawler.stats, StorageThreads(2), batch_size=50,
+                             batch_seconds=0.05, retry_seconds=30)
+    items = [PageItem(url=f"http://{HOST}/held/{i}", final_url=f"http://{HOST}/held/{i}",
+                      host=HOST, spider="t", status=200, body=b"b", fetched_at=time.time(),
+                      content_hash=f"{i:02x}" * 32, blob_key=f"raw/{i:02x}/x")
+             for i in range(5)]
+
+    async def scenario():
+        _fail_updates(store.client, True)
+        try:
+            tasks = [asyncio.ensure_future(pipeline.process_item(i)) for i in items]
+            await asyncio.sleep(1.5)  # the store refuses writes: nothing may complete
+            assert not any(t.done() for t in tasks)
+            assert store.pages.count_documents({}) == 0
+        finally:
+            _fail_updates(store.client, False)
+        done = await asyncio.wait_for(asyncio.gather(*tasks), 20)
+        return done
+
+    assert asyncio.run(scenario()) == items
+    assert store.pages.count_documents({}) == 5
+    assert crawler.stats.get_value("webfarm/index/retries") >= 1
+
+
+def test_a_write_failing_past_the_limit_fails_the_item(store):
+    from webfarm.batching import StorageUnavailable
+
+    crawler = get_crawler()
+    pipeline = IndexPipeline(store, crawler.stats, StorageThreads(2), batch_seconds=0.01,
+                             retry_seconds=0.5)
+    item = PageItem(url=f"http://{HOST}/x", final_url=f"http://{HOST}/x", host=HOST,
+                    spider="t", status=200, body=b"b", fetched_at=time.time(),
+                    content_hash="ee" * 32, blob_key="raw/ee/x")
+    _fail_updates(store.client, True)
+    try:
+        with pytest.raises(StorageUnavailable, match="WEBFARM_STORAGE_RETRY_SECONDS"):
+            asyncio.run(asyncio.wait_for(pipeline.process_item(item), 20))
+    finally:
+        _fail_updates(store.client, False)
+
+
+@pytest.fixture()
+def items_db(mongo_uri, mongo_db_name):
+    client = pymongo.MongoClient(mongo_uri, tz_aware=True)
+    yield client[mongo_db_name]
+    client.drop_database(mongo_db_name)
+    client.close()
+
+
+class Offer(scrapy.Item):
+    key_fields = ("shop", "sku")
+    shop = scrapy.Field()
+    sku = scrapy.Field()
+    price = scrapy.Field()
+
+
+class SiteSpider:
+    extractor_version = 3
+    item_collection = "things"
+
+
+def test_items_go_to_one_collection_per_type_keyed_as_declared(items_db):
+    store = ItemStore(items_db)
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def entries(price: str):
+        return [make_entry(Offer(shop="a", sku="1", price=price), SiteSpider, "http://s/1",
+                           "ab" * 32, now),
+                make_entry({"_key": "id", "id": 7, "name": "n"}, SiteSpider, "http://s/2",
+                           None, now)]
+
+    assert store.write_items(entries("1.00")) == ["created", "created"]
+    assert store.write_items(entries("1.00")) == ["unchanged", "unchanged"]
+    assert store.write_items(entries("2.00")) == ["changed", "unchanged"]
+    offer = items_db.offer.find_one()
+    assert offer["_id"] == {"shop": "a", "sku": "1"} and offer["price"] == "2.00"
+    assert offer["source_url"] == "http://s/1" and offer["content_hash"] == "ab" * 32
+    assert offer["extractor_version"] == "3" and offer["extracted_at"] is not None
+    assert items_db.things.find_one({"_id": 7})["name"] == "n"
+    assert "shop_1_sku_1" in items_db.offer.index_information()
+    with pytest.raises(ItemError, match="no value for its key"):
+        make_entry(Offer(shop="a", price="1"), SiteSpider, "http://s/3", None, now)
+    with pytest.raises(ItemError, match="cannot be stored"):
+        make_entry({"id": 1, "x": {1, 2}}, SiteSpider, "http://s/4", None, now)
+
+
+CRASH = """
+import os, sys
+from webfarm.blobstore import FileBlobStore
+store = FileBlobStore(sys.argv[1])
+real = os.{target}
+def crash(*a, **k):
+    {before}
+    os._exit(9)  # the process dies here, as with kill -9 or a power cut
+os.{target} = crash
+store.put_once(sys.argv[2], b"<html>" + b"x" * 1_000_000, {{"url": "http://s/"}})
+"""
+
+
+@pytest.mark.parametrize("target, before", [
+    ("fsync", "pass"),  # mid-write: the temp file is half flushed
+    ("link", "pass"),  # written, not yet linked into place
+])
+def test_file_store_crash_leaves_no_partial_blob(tmp_path, target, before):
+    key = blob_key(hashlib.sha256(target.encode()).hexdigest())
+    code = CRASH.format(target=target, before=before)
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path), key], timeout=60)
+    assert proc.returncode == 9
+    store = FileBlobStore(tmp_path)
+    assert not store.exists(key) and list(store.iter_keys()) == []
+    assert store.put_once(key, b"whole", {"url": "http://s/"}) is True
+    assert store.get(key) == b"whole" and list(store.iter_keys()) == [key]
+
+
+class SlowStore(FileBlobStore):
+    """A real file store that notes how many writes run at once."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.active = self.peak = 0
+        self.lock = threading.Lock()
+
+    def put_once(self, key, body, metadata):
+        with self.lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        time.sleep(0.05)
+        try:
+            return super().put_once(key, body, metadata)
+        finally:
+            with self.lock:
+                self.active -= 1
+
+
+def test_blob_writes_have_bounded_concurrency(tmp_path):
+    store = SlowStore(tmp_path)
+    crawler = get_crawler()
+    pipeline = BlobStorePipeline(store, crawler.stats, StorageThreads(8), concurrency=3)
+    items = [PageItem(url=f"http://{HOST}/{i}", final_url=f"http://{HOST}/{i}", host=HOST,
+                      spider="t", status=200, body=b"b%d" % i, content_hash=f"{i:02x}" * 32)
+             for i in range(12)]
+
+    async def run():
+        return await asyncio.gather(*(pipeline.process_item(i) for i in items))
+
+    asyncio.run(run())
+    assert store.peak == 3 and len(list(store.iter_keys())) == 12
+    s3 = S3BlobStore("b", endpoint_url="http://127.0.0.1:9", max_attempts=7)
+    retries = s3.client.meta.config.retries  # botocore counts the first try in the total
+    assert retries["mode"] == "standard" and retries["total_max_attempts"] == 8
