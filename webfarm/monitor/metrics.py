@@ -31,14 +31,26 @@ GAUGES = ("queued", "ready_hosts", "delayed", "leased", "dead")
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "other")
 FLOAT_METRICS = frozenset({"latency_sum"})
 
-# Raise a field to a value if it is larger (latency_max): one call per bucket and flush.
-_MAX_SCRIPT = """
-for i = 1, #ARGV, 2 do
+# One call per bucket and flush: ARGV[1] = how many increments follow as name/value pairs,
+# then name/value pairs for maxima (latency_max), then the TTL. HINCRBYFLOAT keeps integer
+# counts as integers ("3", not "3.0").
+_WRITE_SCRIPT = """
+local n = tonumber(ARGV[1])
+for i = 2, 2 * n, 2 do redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1]) end
+for i = 2 * n + 2, #ARGV - 1, 2 do
   local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
   if tonumber(ARGV[i + 1]) > cur then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 end
+redis.call('EXPIRE', KEYS[1], ARGV[#ARGV])
 return 1
 """
+
+
+_GAUGE_PREFIX = f"{SPIDER_HOST}|g:".encode()
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def status_class(status: int) -> str:
@@ -164,7 +176,7 @@ class MetricsStore:
         self.retention = max(float(retention), float(bucket_seconds))
         self.prefix = key_prefix(spider) + "m:"
         self.clock_offset = 0.0
-        self._max = server.register_script(_MAX_SCRIPT)
+        self._write = server.register_script(_WRITE_SCRIPT)
 
     def sync_clock(self) -> None:
         """Use the Redis server's clock, so workers with skewed clocks share buckets."""
@@ -188,31 +200,24 @@ class MetricsStore:
         gauges: Mapping[str, int] | None = None,
     ) -> None:
         """Add ``counts`` (``(bucket, "host|metric") -> n``), raise ``maxes`` and set
-        ``gauges`` (spider gauges, current bucket), all in one pipelined round trip."""
-        pipe = self.server.pipeline(transaction=False)
+        ``gauges`` (spider gauges, current bucket), all in one pipelined round trip with
+        one script call per bucket (few commands to encode, even for thousands of hosts)."""
         ttl = math.ceil(self.retention + self.bucket_seconds)
-        touched: set[int] = set()
+        incr: dict[int, list[Any]] = defaultdict(list)
         for (bucket, name), value in counts.items():
-            key = self.key(bucket)
-            if name.rsplit("|", 1)[-1] in FLOAT_METRICS:
-                pipe.hincrbyfloat(key, name, float(value))
-            else:
-                pipe.hincrby(key, name, int(value))
-            touched.add(bucket)
-        by_bucket: dict[int, list[Any]] = defaultdict(list)
+            incr[bucket] += [name, _num(value)]
+        high: dict[int, list[Any]] = defaultdict(list)
         for (bucket, name), value in (maxes or {}).items():
-            by_bucket[bucket] += [name, repr(float(value))]
-        for bucket, args in by_bucket.items():
-            self._max(keys=[self.key(bucket)], args=args, client=pipe)
-            touched.add(bucket)
+            high[bucket] += [name, repr(float(value))]
+        pipe = self.server.pipeline(transaction=False)
+        for bucket in set(incr) | set(high):
+            args = [len(incr[bucket]) // 2, *incr[bucket], *high[bucket], ttl]
+            self._write(keys=[self.key(bucket)], args=args, client=pipe)
         if gauges:
-            bucket = self.bucket_of(self.now())
-            pipe.hset(self.key(bucket),
-                      mapping={f"{SPIDER_HOST}|g:{k}": int(v) for k, v in gauges.items()})
-            touched.add(bucket)
-        for bucket in touched:
-            pipe.expire(self.key(bucket), ttl)
-        if touched:
+            key = self.key(self.bucket_of(self.now()))
+            pipe.hset(key, mapping={f"{SPIDER_HOST}|g:{k}": int(v) for k, v in gauges.items()})
+            pipe.expire(key, ttl)
+        if incr or high or gauges:
             pipe.execute()
 
     # -- reading --------------------------------------------------------------------------
@@ -232,26 +237,32 @@ class MetricsStore:
         pipe = self.server.pipeline(transaction=False)
         for bucket in buckets:
             pipe.hgetall(self.key(bucket))
-        hosts: dict[str, Figures] = {}
-        spider = Figures()
+        totals: dict[bytes, float] = defaultdict(float)
         gauges: list[tuple[int, dict[str, int]]] = []
         for bucket, data in zip(buckets, pipe.execute() if buckets else [], strict=True):
             sampled: dict[str, int] = {}
-            for raw_name, raw_value in data.items():
-                host, _, metric = _text(raw_name).partition("|")
+            for name, value in data.items():
+                if name.startswith(_GAUGE_PREFIX):
+                    sampled[_text(name[len(_GAUGE_PREFIX):])] = int(float(value))
+                    continue
                 try:
-                    value = float(raw_value)
+                    totals[name] += float(value)
                 except ValueError:
                     continue
-                if host == SPIDER_HOST:
-                    if metric.startswith("g:"):
-                        sampled[metric[2:]] = int(value)
-                    else:
-                        spider.add(metric, value)
-                elif host and metric:
-                    hosts.setdefault(host, Figures()).add(metric, value)
+                if name.endswith(b"|latency_max"):  # a maximum, not a sum
+                    totals[name] = max(totals[name] - float(value), float(value))
             if sampled:
                 gauges.append((bucket, sampled))
+        hosts: dict[str, Figures] = {}
+        spider = Figures()
+        for name, value in totals.items():
+            host, _, metric = _text(name).partition("|")
+            if host == SPIDER_HOST:
+                spider.add(metric, value)
+            elif host and metric:
+                if host not in hosts:
+                    hosts[host] = Figures()
+                hosts[host].add(metric, value)
         return Window(start, end, hosts, spider, gauges)
 
     def last_gauges(self) -> dict[str, int] | None:
