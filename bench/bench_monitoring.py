@@ -59,7 +59,7 @@ def hot_path(server: redis.Redis, runs: int, n: int) -> list[tuple[str, float]]:
     def monitor(i: int) -> None:
         host = hosts[i % 50]
         recorder.request(host)
-        recorder.response(host, 200, 0.05, 5000, False)
+        recorder.response(host, 200, 0.05, 5000)
 
     store = MetricsStore(server, "bench_naive", bucket_seconds=60)
 
@@ -93,7 +93,7 @@ def flush_and_read(server: redis.Redis, runs: int) -> list[tuple[str, float]]:
             for i in range(1000):
                 host = f"h{i % n_hosts}.example:80"
                 recorder.request(host)
-                recorder.response(host, 200 if i % 10 else 503, 0.05, 5000, False)
+                recorder.response(host, 200 if i % 10 else 503, 0.05, 5000)
             t = time.perf_counter()
             counts, maxes = recorder.drain()
             store.write(counts, maxes)

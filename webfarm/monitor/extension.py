@@ -32,6 +32,7 @@ from twisted.internet import threads
 from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 
+from webfarm import fetchapi
 from webfarm.items import PageItem
 from webfarm.monitor.alerts import Evaluator, Notifier, Rules
 from webfarm.monitor.metrics import MetricsStore, Recorder
@@ -74,18 +75,28 @@ class MonitorMiddleware:
         return cls(shared_recorder(crawler))
 
     def process_request(self, request: Request, spider: Spider | None = None) -> None:
+        if request.meta.get(fetchapi.META_CALL):
+            return
         request.meta[_FLAG] = True
         self.recorder.request(host_of(request.url))
 
     def process_response(
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Response:
-        request.meta.pop(_FLAG, None)
-        browser = "playwright" in response.flags or bool(request.meta.get("playwright"))
-        self.recorder.response(
-            host_of(request.url), response.status, request.meta.get("download_latency"),
-            len(response.body), browser,
-        )
+        if request.meta.get(fetchapi.META_CALL):
+            return response  # the call to the fetch API: counted as the page it brings back
+        host = host_of(request.url)
+        if not request.meta.pop(_FLAG, None):
+            # Answered before reaching us (the fetch-API rung, a cache): still a fetch.
+            self.recorder.request(host)
+        if fetchapi.FLAG in response.flags:
+            method = "api"
+        elif "playwright" in response.flags or request.meta.get("playwright"):
+            method = "browser"
+        else:
+            method = "http"
+        self.recorder.response(host, response.status, request.meta.get("download_latency"),
+                               len(response.body), method)
         return response
 
     def process_exception(

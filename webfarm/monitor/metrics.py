@@ -74,6 +74,7 @@ class Figures:
     bytes: int = 0
     http: int = 0
     browser: int = 0
+    api: int = 0
     items: int = 0
     duplicates: int = 0
     dead: int = 0
@@ -91,7 +92,7 @@ class Figures:
             setattr(self, metric, getattr(self, metric) + value)
         elif metric in ("requests", "latency_count", "bytes", "items", "duplicates", "dead"):
             setattr(self, metric, getattr(self, metric) + int(value))
-        elif metric in ("fetch_http", "fetch_browser"):
+        elif metric in ("fetch_http", "fetch_browser", "fetch_api"):
             setattr(self, metric[6:], getattr(self, metric[6:]) + int(value))
         # unknown metrics (a newer worker's) are ignored
 
@@ -134,6 +135,7 @@ class Figures:
             "bytes": self.bytes,
             "http": self.http,
             "browser": self.browser,
+            "api": self.api,
             "items": self.items,
             "duplicates": self.duplicates,
             "dead": self.dead,
@@ -302,11 +304,12 @@ class Recorder:
         self._add(host, (("requests", 1),))
 
     def response(self, host: str, status: int, latency: float | None, size: int,
-                 browser: bool) -> None:
+                 method: str = "http") -> None:
+        """``method``: ``http``, ``browser`` or ``api`` (the fetch-API rung)."""
         pairs: list[tuple[str, float]] = [
             (f"status:{status_class(status)}", 1),
             ("bytes", size),
-            ("fetch_browser" if browser else "fetch_http", 1),
+            (f"fetch_{method}", 1),
         ]
         if latency is not None:
             pairs += [("latency_sum", latency), ("latency_count", 1)]

@@ -40,7 +40,7 @@ METRICS = {
     "webfarm_errors": "Fetches that ended in a network error, by exception class",
     "webfarm_download_latency_seconds": "Download latency",
     "webfarm_response_bytes": "Response body bytes",
-    "webfarm_fetches": "Responses by fetch method (http or browser)",
+    "webfarm_fetches": "Responses by fetch method (http, browser or api)",
     "webfarm_items": "Items that went through every pipeline",
     "webfarm_duplicates": "Pages whose content was already stored",
     **{f"webfarm_frontier_{g}": f"Frontier {g.replace('_', ' ')} (shared, sampled)"
@@ -112,6 +112,7 @@ class WorkerCollector(Collector):
                 errors.add_metric([sp, host, OTHER], rest)
             fetches.add_metric([sp, host, "http"], m.get("fetch_http", 0.0))
             fetches.add_metric([sp, host, "browser"], m.get("fetch_browser", 0.0))
+            fetches.add_metric([sp, host, "api"], m.get("fetch_api", 0.0))
             latency.add_metric([sp, host], m.get("latency_count", 0.0),
                                m.get("latency_sum", 0.0))
         yield from fam.values()
