@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 from webfarm.frontier import Frontier
@@ -20,17 +23,20 @@ def _worst_first(row: dict[str, Any]) -> tuple:
     return (0, rate, -row["error_count"], -row["queued"], row["host"])
 
 
-def host_rows(window: Window, host_stats: list[dict] | None = None) -> list[dict[str, Any]]:
-    """One row per host seen in the window or waiting in the queue, worst first."""
+def host_rows(window: Window, host_stats: list[dict] | None = None,
+              default_delay: float | None = None) -> list[dict[str, Any]]:
+    """One row per host seen in the window or waiting in the queue, worst first.
+
+    ``host_stats`` rows (``Frontier.host_stats()``, or ``scrapy frontier``'s own) keep
+    their keys; the window's figures are added to them."""
     queued = {h["host"]: h for h in host_stats or []}
     rows = []
     for host in set(window.hosts) | set(queued):
         fig = window.hosts.get(host, Figures())
-        row: dict[str, Any] = {"host": host, **fig.to_dict()}
-        q = queued.get(host, {})
-        row["queued"] = q.get("queued", 0)
-        row["delay"] = q.get("delay")
-        row["next_allowed_in"] = q.get("next_allowed_in")
+        row: dict[str, Any] = {"host": host, "queued": 0, "delay": default_delay,
+                               "next_allowed_in": 0.0}
+        row.update(queued.get(host, {}))
+        row.update(fig.to_dict())
         row["requests_per_minute"] = window.per_minute(fig.requests)
         row["outcomes_per_minute"] = window.per_minute(fig.outcomes)
         rows.append(row)
@@ -49,31 +55,38 @@ def trend(window: Window) -> dict[str, dict[str, Any]]:
     return out
 
 
-def report(store: MetricsStore, frontier: Frontier, window_seconds: float,
-           alerts_key: str | None = None) -> dict[str, Any]:
-    """Everything ``scrapy frontier`` shows about monitoring, as plain data."""
-    window = store.window(window_seconds)
-    counts = frontier.counts()
+def alerts_firing(server: Any, key: str) -> list[dict[str, Any]]:
+    """The alerts firing now (their state is in Redis), by id."""
+    firing = []
+    for raw_id, value in server.hgetall(key).items():
+        try:
+            state = json.loads(value)
+        except ValueError:
+            continue
+        if state.get("status") == "firing":
+            firing.append({"id": raw_id.decode(), "since": state.get("since"),
+                           "summary": state.get("summary")})
+    return sorted(firing, key=lambda a: a["id"])
+
+
+def spider_figures(window: Window) -> dict[str, Any]:
     spider = window.spider.to_dict()
     spider["requests_per_minute"] = window.per_minute(window.spider.requests)
     spider["outcomes_per_minute"] = window.per_minute(window.spider.outcomes)
-    firing = []
-    if alerts_key:
-        for key, value in store.server.hgetall(alerts_key).items():
-            try:
-                state = json.loads(value)
-            except ValueError:
-                continue
-            if state.get("status") == "firing":
-                firing.append({"id": key.decode(), "since": state.get("since"),
-                               "summary": state.get("summary")})
+    return spider
+
+
+def report(store: MetricsStore, frontier: Frontier, window_seconds: float,
+           alerts_key: str | None = None) -> dict[str, Any]:
+    """Everything the monitoring view shows, as plain data (``--json``)."""
+    window = store.window(window_seconds)
     return {
         "window_seconds": round(window.seconds, 1),
-        "frontier": counts,
+        "frontier": frontier.counts(),
         "trend": trend(window),
-        "spider": spider,
-        "hosts": host_rows(window, frontier.host_stats()),
-        "alerts": sorted(firing, key=lambda a: a["id"]),
+        "spider": spider_figures(window),
+        "hosts": host_rows(window, frontier.host_stats(), frontier.default_delay),
+        "alerts": alerts_firing(store.server, alerts_key) if alerts_key else [],
     }
 
 
@@ -89,41 +102,60 @@ def _pct(rate: float | None) -> str:
     return "-" if rate is None else f"{rate * 100:.1f}"
 
 
-def render(data: dict[str, Any], limit: int = DEFAULT_LIMIT) -> str:
-    """The report as a readable table (at most ``limit`` hosts)."""
+def summary_lines(data: dict[str, Any]) -> list[str]:
+    """The window's totals, the frontier's trend and the firing alerts, as text."""
     sp = data["spider"]
     lines = [
         f"last {data['window_seconds']:.0f}s: {_num(sp['outcomes_per_minute'])} fetches/min, "
         f"success {_pct(sp['success_rate'])}%, {sp['error_count']} errors, "
         f"{sp['items']} items, {sp['duplicates']} duplicates, {sp['dead']} dead letters",
     ]
-    trend = data["trend"]
-    if trend:
-        parts = [f"{name} {t['last']} ({t['change']:+d})" for name, t in trend.items()]
+    if data["trend"]:
+        parts = [f"{name} {t['last']} ({t['change']:+d})" for name, t in data["trend"].items()]
         lines.append("trend over the window: " + ", ".join(parts))
-    for alert in data["alerts"]:
-        lines.append(f"ALERT {alert['id']}: {alert['summary']}")
-    header = ("HOST", "QUEUED", "REQ/MIN", "OK%", "2XX", "3XX", "4XX", "5XX", "ERRORS",
-              "LAT ms", "MAX ms", "KB", "BROWSER", "ITEMS", "DUPES", "DEAD")
-    table = [header]
-    for row in data["hosts"][:limit]:
-        errors = row["error_count"]
-        top = next(iter(row["errors"]), None)
-        lat, mx = row["latency_avg"], row["latency_max"]
-        table.append((
-            row["host"], _num(row["queued"]), _num(row["requests_per_minute"]),
-            _pct(row["success_rate"]),
-            *(_num(row["status"][c]) for c in ("2xx", "3xx", "4xx", "5xx")),
-            f"{errors} {top}" if top else str(errors),
-            "-" if lat is None else f"{lat * 1000:.0f}",
-            "-" if mx is None else f"{mx * 1000:.0f}",
-            _num(row["bytes"] / 1024), _num(row["browser"]), _num(row["items"]),
-            _num(row["duplicates"]), _num(row["dead"]),
-        ))
-    widths = [max(len(str(r[i])) for r in table) for i in range(len(header))]
+    lines += [f"ALERT {a['id']}: {a['summary']}" for a in data["alerts"]]
+    return lines
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}"
+
+
+def _errors(row: dict[str, Any]) -> str:
+    top = next(iter(row["errors"]), None)
+    return f"{row['error_count']} {top}" if top else str(row["error_count"])
+
+
+#: Per-host figure columns: (header, cell, right-aligned).
+FIGURE_COLUMNS: list[tuple[str, Any, bool]] = [
+    ("REQ/MIN", lambda r: _num(r["requests_per_minute"]), True),
+    ("OK%", lambda r: _pct(r["success_rate"]), True),
+    ("2XX", lambda r: _num(r["status"]["2xx"]), True),
+    ("3XX", lambda r: _num(r["status"]["3xx"]), True),
+    ("4XX", lambda r: _num(r["status"]["4xx"]), True),
+    ("5XX", lambda r: _num(r["status"]["5xx"]), True),
+    ("ERRORS", _errors, False),
+    ("LAT_MS", lambda r: _ms(r["latency_avg"]), True),
+    ("MAX_MS", lambda r: _ms(r["latency_max"]), True),
+    ("KB", lambda r: _num(r["bytes"] / 1024), True),
+    ("BROWSER", lambda r: _num(r["browser"]), True),
+    ("ITEMS", lambda r: _num(r["items"]), True),
+    ("DUPES", lambda r: _num(r["duplicates"]), True),
+    ("DEAD", lambda r: _num(r["dead"]), True),
+]
+
+
+def render(data: dict[str, Any], limit: int = DEFAULT_LIMIT) -> str:
+    """The report as a readable table (at most ``limit`` hosts)."""
+    lines = summary_lines(data)
+    columns = [("HOST", lambda r: r["host"], False), ("QUEUED", lambda r: _num(r["queued"]),
+                                                       True), *FIGURE_COLUMNS]
+    table = [[h for h, _, _ in columns]]
+    table += [[str(cell(row)) for _, cell, _ in columns] for row in data["hosts"][:limit]]
+    widths = [max(len(r[i]) for r in table) for i in range(len(columns))]
     for r in table:
-        cells = [str(c).ljust(w) if i in (0, 8) else str(c).rjust(w)
-                 for i, (c, w) in enumerate(zip(r, widths, strict=True))]
+        cells = [c.rjust(w) if right else c.ljust(w)
+                 for c, w, (_, _, right) in zip(r, widths, columns, strict=True)]
         lines.append("  ".join(cells).rstrip())
     hidden = len(data["hosts"]) - limit
     if hidden > 0:
@@ -131,3 +163,26 @@ def render(data: dict[str, Any], limit: int = DEFAULT_LIMIT) -> str:
     if not data["hosts"]:
         lines.append("(no host fetched in the window, none queued)")
     return "\n".join(lines)
+
+
+def watch(show: Callable[[], None], every: float, count: int = 0,
+          clear: bool | None = None) -> int:
+    """Call ``show`` every ``every`` seconds (at least 0.5), ``count`` times (0: until
+    Ctrl-C), clearing a terminal in between. Ctrl-C ends it quietly; returns the
+    number of refreshes."""
+    every = max(0.5, every)
+    clear = sys.stdout.isatty() if clear is None else clear
+    shown = 0
+    try:
+        while True:
+            if clear:
+                sys.stdout.write("\x1b[H\x1b[2J")
+            show()
+            sys.stdout.flush()
+            shown += 1
+            if count and shown >= count:
+                break
+            time.sleep(every)
+    except KeyboardInterrupt:
+        print()
+    return shown
