@@ -94,6 +94,17 @@ DOWNLOADER_MIDDLEWARES = {
     # HTTP first, browser when needed, fetch API last; sets meta["playwright"] before the
     # proxy middleware gives browser requests one context per proxy.
     "middlewares.render.RenderMiddleware": 560,
+    # Hostile servers (middlewares/limits.py): Scrapy's redirect and decompression middlewares
+    # in the same slots, but bodies over DOWNLOAD_MAXSIZE (also inflated: gzip bombs),
+    # redirect loops and chains past REDIRECT_MAX_TIMES are dead-lettered with a reason.
+    "scrapy.downloadermiddlewares.redirect.MetaRefreshMiddleware": None,
+    "middlewares.limits.MetaRefreshMiddleware": 580,
+    # Wrong, missing or unknown charsets: read the page with an encoding its bytes fit.
+    "middlewares.limits.CharsetMiddleware": 585,
+    "scrapy.downloadermiddlewares.httpcompression.HttpCompressionMiddleware": None,
+    "middlewares.limits.HttpCompressionMiddleware": 590,
+    "scrapy.downloadermiddlewares.redirect.RedirectMiddleware": None,
+    "middlewares.limits.RedirectMiddleware": 600,
     # Before HttpProxyMiddleware (750), which turns the chosen proxy's userinfo into a header.
     "middlewares.proxies.ProxyMiddleware": 740,
     # Next to the downloader: counts every response and network error before anything
@@ -119,6 +130,9 @@ WEBFARM_SSRF_GUARD = _env("WEBFARM_SSRF_GUARD", "1").lower() not in ("0", "false
 # Comma-separated CIDRs allowed anyway (e.g. 10.20.0.0/16 for an intranet crawl).
 WEBFARM_ALLOWED_NETWORKS = _env("WEBFARM_ALLOWED_NETWORKS")
 WEBFARM_SSRF_DNS_CACHE = 30.0  # seconds a checked resolution is reused
+# Read pages whose declared charset does not fit their bytes with one that does
+# (valid UTF-8 wins, else the declared one, else windows-1252); middlewares/limits.py.
+WEBFARM_CHARSET_FIX = True
 
 # --- proxy rotation (middlewares/proxies.py, webfarm/proxies.py) ---------------------
 # Off when empty. Comma/newline-separated proxy URLs (http://user:pass@host:port#name),

@@ -1,0 +1,190 @@
+"""Hostile servers end in the dead-letter queue with a reason, not in silence or a retry loop.
+
+Scrapy already bounds the work (``DOWNLOAD_MAXSIZE`` on the wire and during
+decompression, ``REDIRECT_MAX_TIMES``, ``DOWNLOAD_TIMEOUT``), but reports the
+outcome in ways the frontier cannot use: an oversized body is a bare
+``DownloadCancelledError`` (which the frontier would retry five times), a
+decompression bomb and a redirect chain past the limit are plain
+``IgnoreRequest`` (acknowledged as if all went well), and a redirect loop
+``A → B → A`` silently ends when the frontier's dupefilter drops the second
+``A``. These drop-in subclasses of Scrapy's middlewares (same priorities, same
+settings) raise :class:`~webfarm.exceptions.DeadLetter` instead, so such a
+request is dead-lettered at once with its reason and counted under
+``webfarm/limits/``. Dripping servers hit ``DOWNLOAD_TIMEOUT`` and truncated
+bodies ``DOWNLOAD_FAIL_ON_DATALOSS``; both can be a passing network fault,
+so they stay with the retry policy (backoff, then the dead-letter queue).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from scrapy import Request, Spider
+from scrapy.crawler import Crawler
+from scrapy.downloadermiddlewares import httpcompression, redirect
+from scrapy.exceptions import DownloadCancelledError, IgnoreRequest, NotConfigured
+from scrapy.http import Response, TextResponse
+from w3lib.encoding import (
+    html_body_declared_encoding,
+    http_content_type_encoding,
+    read_bom,
+    resolve_encoding,
+)
+
+from webfarm.exceptions import DeadLetter, RetryLater
+from webfarm.urls import canonical_url
+
+logger = logging.getLogger(__name__)
+PREFIX = "webfarm/limits"
+
+
+def _inc(crawler: Any, key: str) -> None:
+    stats = getattr(crawler, "stats", None)
+    if stats is not None:
+        stats.inc_value(f"{PREFIX}/{key}")
+
+
+class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
+    """Scrapy's decompression (bounded by ``DOWNLOAD_MAXSIZE``), plus: a body over the
+    limit, on the wire or once inflated, is dead-lettered, never retried."""
+
+    def __init__(self, stats: Any = None, *, crawler: Crawler | None = None) -> None:
+        super().__init__(stats, crawler=crawler)
+        self.crawler = crawler
+
+    def process_response(
+        self, request: Request, response: Response, spider: Spider | None = None
+    ) -> Request | Response:
+        try:
+            return super().process_response(request, response)
+        except (DeadLetter, RetryLater):
+            raise
+        except IgnoreRequest as exc:
+            if not isinstance(exc.__cause__, httpcompression._DecompressionMaxSizeExceeded):
+                raise
+            cause = exc.__cause__
+            limit = request.meta.get("download_maxsize", self._max_size)
+            _inc(self.crawler, "too_big")
+            _inc(self.crawler, "too_big/decompressed")
+            raise DeadLetter(
+                f"body over DOWNLOAD_MAXSIZE after decompression: {len(response.body)} B "
+                f"{response.headers.get('Content-Encoding', b'').decode('latin-1')} inflated "
+                f"past {limit} B ({cause.decompressed_size} B so far)"
+            ) from None
+
+    def process_exception(
+        self, request: Request, exception: BaseException, spider: Spider | None = None
+    ) -> None:
+        if not isinstance(exception, DownloadCancelledError):
+            return None
+        message = str(exception)
+        engine = getattr(self.crawler, "engine", None)
+        if "max size" not in message and (message or not getattr(engine, "running", False)):
+            return None  # cancelled for another reason (shutting down): not the body's fault
+        limit = request.meta.get("download_maxsize", self._max_size)
+        _inc(self.crawler, "too_big")
+        detail = message.split(" in request ")[0] if message else "cut off while downloading"
+        raise DeadLetter(f"body over DOWNLOAD_MAXSIZE ({limit} B): {detail}")
+
+
+class _DeadLetterRedirects:
+    """``_redirect`` of Scrapy's redirect middlewares, with loops and chains past
+    ``REDIRECT_MAX_TIMES`` dead-lettered instead of dropped."""
+
+    crawler: Any
+    max_redirect_times: int
+
+    def _redirect(self, redirected: Request, request: Request, reason: Any) -> Request:
+        chain = [*request.meta.get("redirect_urls", []), request.url]
+        seen = {canonical_url(u) for u in chain}
+        if canonical_url(redirected.url) in seen:
+            _inc(self.crawler, "redirect_loop")
+            raise DeadLetter(f"redirect loop: {_chain(chain + [redirected.url])}")
+        try:
+            return super()._redirect(redirected, request, reason)  # type: ignore[misc]
+        except (DeadLetter, RetryLater):
+            raise
+        except IgnoreRequest:
+            _inc(self.crawler, "redirect_limit")
+            raise DeadLetter(
+                f"redirect: more than {self.max_redirect_times} redirects (REDIRECT_MAX_TIMES): "
+                f"{_chain(chain + [redirected.url])}"
+            ) from None
+
+
+def _chain(urls: list[str], keep: int = 4) -> str:
+    shown = urls if len(urls) <= keep * 2 else [*urls[:keep], "…", *urls[-keep:]]
+    return " → ".join(u[:200] for u in shown)
+
+
+class RedirectMiddleware(_DeadLetterRedirects, redirect.RedirectMiddleware):
+    """Scrapy's 3xx handling; loops and over-long chains are dead-lettered."""
+
+
+class MetaRefreshMiddleware(_DeadLetterRedirects, redirect.MetaRefreshMiddleware):
+    """Scrapy's ``<meta http-equiv=refresh>`` handling; same as :class:`RedirectMiddleware`."""
+
+
+def _decodes(body: bytes, encoding: str) -> bool:
+    try:
+        body.decode(encoding)
+    except (UnicodeDecodeError, LookupError):
+        return False
+    return True
+
+
+def sensible_encoding(body: bytes, declared: list[str | None]) -> str | None:
+    """The encoding to read ``body`` with, given the labels it came with (header first).
+
+    A BOM wins; a body that is valid UTF-8 with non-ASCII bytes is UTF-8 whatever it claims
+    (legacy text is almost never valid UTF-8 by accident); else the first known declared
+    encoding that decodes the body; else windows-1252, the web's legacy default. None when
+    nothing fits (Scrapy's own guess stays).
+    """
+    bom, _ = read_bom(body)
+    if bom:
+        return bom
+    if not body.isascii() and _decodes(body, "utf-8"):
+        return "utf-8"
+    for label in declared:
+        encoding = resolve_encoding(label) if label else None
+        if encoding and _decodes(body, encoding):
+            return encoding
+    return "cp1252" if _decodes(body, "cp1252") else None
+
+
+class CharsetMiddleware:
+    """Wrong, missing or unknown charsets: pages are read with an encoding their bytes fit.
+
+    Scrapy trusts the declared charset (mojibake or U+FFFD when it lies) and guesses
+    when there is none; links, extraction and the content hash all read
+    ``response.text``, so one sensible decision here serves them all. Counted as
+    ``webfarm/limits/charset_fixed``; off with ``WEBFARM_CHARSET_FIX=False``.
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        if not crawler.settings.getbool("WEBFARM_CHARSET_FIX", True):
+            raise NotConfigured
+        self.crawler = crawler
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> CharsetMiddleware:
+        return cls(crawler)
+
+    def process_response(
+        self, request: Request, response: Response, spider: Spider | None = None
+    ) -> Response:
+        if not isinstance(response, TextResponse) or not response.body or (
+                "playwright" in response.flags):  # the browser decoded it already
+            return response
+        header = response.headers.get(b"Content-Type", b"").decode("latin-1")
+        declared = [http_content_type_encoding(header),
+                    html_body_declared_encoding(response.body[:4096])]
+        encoding = sensible_encoding(response.body, declared)
+        if encoding is None or encoding == resolve_encoding(response.encoding):
+            return response
+        _inc(self.crawler, "charset_fixed")
+        logger.debug("Reading %s as %s (declared %s)", response, encoding,
+                     " / ".join(d or "-" for d in declared))
+        return response.replace(encoding=encoding)

@@ -1,0 +1,146 @@
+"""Hostile and broken servers do not hurt: every such page ends stored or dead-lettered with
+a reason, nothing is retried forever, and the worker's memory stays bounded.
+
+One crawl of the test web fetches all the hostile routes side by side (a worker meets
+them mixed with good pages too), then each outcome is checked on its own.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import crawlcheck, runner
+from tests.testweb import Response
+from tests.testweb import hostile as h
+from webfarm.content import content_hash
+
+MIB = 1 << 20
+MAXSIZE = 1 * MIB
+BOMB = 256 * MIB  # what the bombs inflate to: fatal if a worker held it
+HUGE = 128 * MIB  # what the huge bodies would be if read to the end
+RETRIES = 2
+SETTINGS = {
+    "DOWNLOAD_MAXSIZE": MAXSIZE, "DOWNLOAD_WARNSIZE": 0, "DOWNLOAD_TIMEOUT": 2,
+    "REDIRECT_MAX_TIMES": 5, "WEBFARM_RETRY_TIMES": RETRIES,
+    "WEBFARM_RETRY_BACKOFF_BASE": 0.05, "WEBFARM_RETRY_BACKOFF_MAX": 0.2,
+    # Peak RSS (ru_maxrss, a kernel high-water mark) into the stats, read often.
+    "MEMUSAGE_ENABLED": True, "MEMUSAGE_CHECK_INTERVAL_SECONDS": 0.25,
+    # The plain HTTP client: the browser rung is not under test here.
+    "WEBFARM_RENDER": "http",
+}
+SIZE_ROUTES: dict[str, object] = {
+    "/huge-declared": h.huge_body(HUGE, declare_length=True),
+    "/huge-streamed": h.huge_body(HUGE, declare_length=False),
+    "/bomb-gzip": h.gzip_bomb(BOMB),
+    "/bomb-deflate": h.gzip_bomb(BOMB, encoding="deflate"),
+    "/small-gzip": h.gzip_bomb(MAXSIZE // 2),  # compressed and under the limit: fine
+}
+OTHER_ROUTES: dict[str, object] = {
+    **h.redirect_cycle("/loop/a", "/loop/b"),
+    "/loop/self": Response(301, {"Location": "/loop/self"}),
+    "/endless/": h.endless_redirects("/endless/"),
+    "/drip": h.drip(size=10_000, every=0.1),
+    "/truncated": h.truncated(declared=10_000, sent=300),
+    "/charset/utf8": h.legacy_page("text/html; charset=utf-8", "utf-8"),
+    "/charset/missing": h.legacy_page("text/html"),
+    "/charset/wrong": h.legacy_page("text/html; charset=utf-8"),
+    "/charset/unknown": h.legacy_page("text/html; charset=x-klingon"),
+    "/charset/mislabelled": h.legacy_page("text/html; charset=iso-8859-1", "utf-8"),
+    "/broken": Response.html(h.BROKEN_HTML),
+}
+
+
+@pytest.fixture(scope="module")
+def bombs_ready():
+    h.gzip_bomb_body(BOMB)  # compress once, outside the crawl
+    h.gzip_bomb_body(MAXSIZE // 2)
+
+
+def crawl(web, routes, starts, stores):
+    """One worker crawls ``starts`` (paths) on the test web; returns (base, result, dead
+    letters by URL, pages by URL, peak RSS growth in bytes)."""
+    base = web.base_urls[0]
+    for path, handler in routes.items():
+        web.route(path, handler, host=base)
+    args = ["crawl", "generic", "-a", "start=" + ",".join(base + p for p in starts),
+            "-a", "max_pages=1"]  # the hostile pages only, no catalogue around them
+    for name, value in SETTINGS.items():
+        args += ["-s", f"{name}={value}"]
+    result = runner.scrapy(args, runner.env_for(**stores), timeout=120)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "Traceback" not in result.output, result.output[-3000:]
+    peak = crawlcheck.stat(result.output, "memusage/max")
+    startup = crawlcheck.stat(result.output, "memusage/startup")
+    assert peak and startup, "MemoryUsage stats missing"
+    return (base, result, crawlcheck.dead_letters(stores["REDIS_URL"]),
+            crawlcheck.pages(stores), peak - startup)
+
+
+@pytest.fixture()
+def stores(redis_url, mongo_uri, mongo_db_name, tmp_path):
+    return crawlcheck.stores_env(redis_url, mongo_uri, mongo_db_name, tmp_path)
+
+
+def test_oversized_bodies_and_compression_bombs(web, bombs_ready, stores):
+    starts = list(SIZE_ROUTES)
+    base, result, dead, pages, growth = crawl(web, SIZE_ROUTES, starts, stores)
+    # Held in full, a bomb alone would add 256 MiB, a huge body 128 MiB.
+    assert growth < 96 * MIB, f"peak RSS grew by {growth / MIB:.0f} MiB"
+    for path in ("/huge-declared", "/huge-streamed"):
+        letter = dead[base + path]
+        assert letter["reason"].startswith("body over DOWNLOAD_MAXSIZE"), letter
+        assert letter["attempts"] == 1, letter  # deterministic: not retried
+    for path in ("/bomb-gzip", "/bomb-deflate"):
+        letter = dead[base + path]
+        assert letter["reason"].startswith("body over DOWNLOAD_MAXSIZE after decompression"), \
+            letter
+        assert letter["attempts"] == 1, letter
+    assert set(pages) == {base + "/small-gzip"}
+    assert pages[base + "/small-gzip"]["status"] == 200
+    assert len(dead) == 4, sorted(dead)
+    # The server was asked once per page: no retry loop.
+    for path in starts:
+        assert len(web.hits_for(host=base, path=path)) == 1, path
+    assert crawlcheck.stat(result.output, "webfarm/limits/too_big") == 4
+
+
+def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
+    starts = ["/loop/a", "/loop/self", "/endless/0", "/drip", "/truncated", "/charset/utf8",
+              "/charset/missing", "/charset/wrong", "/charset/unknown", "/charset/mislabelled",
+              "/broken"]
+    base, result, dead, pages, growth = crawl(web, OTHER_ROUTES, starts, stores)
+    reasons = {url[len(base):]: d["reason"] for url, d in dead.items()}
+
+    # Redirect loops end at the first repeat; an endless chain at REDIRECT_MAX_TIMES.
+    assert reasons["/loop/b"].startswith("redirect loop: "), reasons
+    assert "/loop/a" in reasons["/loop/b"]
+    assert reasons["/loop/self"].startswith("redirect loop: "), reasons
+    assert reasons["/endless/5"].startswith("redirect: more than 5 redirects"), reasons
+    assert len(web.hits_for(host=base, path="/endless/5")) == 1
+    assert not web.hits_for(host=base, path="/endless/6")
+    # A server that drips bytes hits DOWNLOAD_TIMEOUT, is retried, then dead-lettered.
+    drip = dead[base + "/drip"]
+    assert drip["reason"].startswith(f"gave up after {RETRIES} attempts"), drip
+    assert "DownloadTimeoutError" in drip["reason"], drip
+    assert len(web.hits_for(host=base, path="/drip")) == RETRIES
+    # A truncated body (Content-Length larger than what came) may be a network hiccup:
+    # retried, then dead-lettered with the data loss named.
+    cut = dead[base + "/truncated"]
+    assert cut["reason"].startswith(f"gave up after {RETRIES} attempts"), cut
+    assert "DataLoss" in cut["reason"], cut
+    assert len(web.hits_for(host=base, path="/truncated")) == RETRIES
+    assert len(dead) == 5, sorted(reasons)
+
+    # Wrong, missing and unknown charsets: stored, and decoded to the same text as the
+    # correctly labelled page (same content hash: the index sees one content).
+    charset_pages = {p: pages[base + p] for p in starts if p.startswith("/charset/")}
+    assert {d["status"] for d in charset_pages.values()} == {200}
+    right = content_hash(h.LEGACY_TEXT.encode("utf-8"), "text/html; charset=utf-8")
+    hashes = {p: d["content_hash"] for p, d in charset_pages.items()}
+    assert set(hashes.values()) == {right}, hashes
+    assert charset_pages["/charset/missing"]["encoding"] == "cp1252"
+    assert charset_pages["/charset/mislabelled"]["encoding"] == "utf-8"
+    # Broken HTML is stored as it came.
+    assert pages[base + "/broken"]["status"] == 200
+    assert set(pages) == {base + p for p in starts if p.startswith(("/charset/", "/broken"))}
+    assert growth < 96 * MIB, f"peak RSS grew by {growth / MIB:.0f} MiB"
