@@ -333,3 +333,31 @@ def test_dead_letters_per_host_and_queue_growth(redis_url, receiver):
     assert data["trend"]["queued"] == {"first": 100, "last": 1500, "change": 1400,
                                        "samples": 2}
     assert {r["host"]: r["queued"] for r in data["hosts"]}["c.example"] == 1500
+
+
+def test_prometheus_labels_and_worker_memory_stay_bounded_with_many_hosts(redis_url):
+    from prometheus_client import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from webfarm.monitor.metrics import Recorder
+    from webfarm.monitor.prometheus import WorkerCollector
+
+    store = MetricsStore(redis.Redis.from_url(redis_url), "generic", bucket_seconds=60)
+    recorder = Recorder(store, totals_hosts=50)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(WorkerCollector("generic", recorder, store, 5, "webfarm:{generic}:alerts"))
+    for i in range(2000):  # a broad crawl: 2,000 hosts, the first ten busier
+        host = f"site{i}.example"
+        for _ in range(10 if i < 10 else 1):
+            recorder.request(host)
+            recorder.response(host, 200, 0.01, 100)
+    assert len(recorder.totals()) == 51  # 50 hosts one by one, the rest summed
+    families = list(text_string_to_metric_families(generate_latest(registry).decode()))
+    requests = {s.labels["host"]: s.value for f in families for s in f.samples
+                if s.name == "webfarm_requests_total"}
+    assert set(requests) == {f"site{i}.example" for i in range(5)} | {"other"}
+    assert sum(requests.values()) == 10 * 10 + 1990  # nothing lost in the aggregation
+    recorder.request("site0.example")  # a labelled host keeps its label and its count
+    after = {s.labels["host"]: s.value for f in registry.collect() for s in f.samples
+             if s.name == "webfarm_requests_total"}
+    assert after["site0.example"] == 11 and len(after) == 6

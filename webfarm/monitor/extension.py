@@ -59,7 +59,10 @@ def shared_recorder(crawler: Crawler) -> Recorder:
             bucket_seconds=settings.getint("WEBFARM_METRICS_BUCKET", 60),
             retention=settings.getfloat("WEBFARM_METRICS_RETENTION", 7200.0),
         )
-        recorder = Recorder(store)
+        # Running totals per host only for Prometheus, and for a bounded number of hosts.
+        top = max(0, settings.getint("WEBFARM_PROMETHEUS_TOP_HOSTS", 20))
+        port = settings.getint("WEBFARM_PROMETHEUS_PORT", 0)
+        recorder = Recorder(store, totals_hosts=max(1000, 10 * top) if port else 0)
         setattr(crawler, _ATTR, recorder)
     return recorder
 
@@ -130,6 +133,7 @@ class MonitorExtension:
         self._loops: list[LoopingCall] = []
         self._running: dict[str, Deferred] = {}
         self._flush_failing_since: float | None = None
+        self._monitor_failing = False
         self._dupes_seen = 0.0
         self._http: Any = None
         connect = crawler.signals.connect
@@ -227,7 +231,14 @@ class MonitorExtension:
         try:
             self.evaluator.tick()
         except REDIS_ERRORS as exc:
-            logger.warning("Monitoring: frontier sample and alert rules skipped: %s", exc)
+            if not self._monitor_failing:
+                logger.warning("Monitoring: frontier samples and alert rules wait for Redis "
+                               "(%s)", exc)
+            self._monitor_failing = True
+            return
+        if self._monitor_failing:
+            logger.info("Monitoring: frontier samples and alert rules run again")
+            self._monitor_failing = False
 
     # -- prometheus -------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ import redis
 from webfarm.frontier import key_prefix
 
 SPIDER_HOST = "*"  # the pseudo-host of the spider's totals and gauges
+OTHER_HOSTS = "\x00other"  # running totals of hosts past Recorder.totals_hosts
 GAUGES = ("queued", "ready_hosts", "delayed", "leased", "dead")
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "other")
 FLOAT_METRICS = frozenset({"latency_sum"})
@@ -284,8 +285,12 @@ class Recorder:
     """One worker's counts, buffered until the next flush, plus running totals for
     Prometheus. Thread-safe: the reactor adds, a flush thread drains."""
 
-    def __init__(self, store: MetricsStore) -> None:
+    def __init__(self, store: MetricsStore, totals_hosts: int = 0) -> None:
+        """``totals_hosts``: hosts whose running totals are kept one by one (for
+        Prometheus; 0 = none); later hosts add to :data:`OTHER_HOSTS`, so memory stays
+        bounded on a crawl of millions of hosts."""
         self.store = store
+        self.totals_hosts = totals_hosts
         self._lock = threading.Lock()
         self._counts: dict[tuple[int, str], float] = defaultdict(float)
         self._maxes: dict[tuple[int, str], float] = {}
@@ -294,11 +299,17 @@ class Recorder:
     def _add(self, host: str, pairs: Iterable[tuple[str, float]]) -> None:
         bucket = self.store.bucket_of(self.store.now())
         with self._lock:
-            totals = self._totals[host]
+            if not self.totals_hosts:
+                totals = None
+            elif host in self._totals or len(self._totals) < self.totals_hosts:
+                totals = self._totals[host]
+            else:
+                totals = self._totals[OTHER_HOSTS]
             for metric, value in pairs:
                 for who in (host, SPIDER_HOST):
                     self._counts[(bucket, f"{who}|{metric}")] += value
-                totals[metric] += value
+                if totals is not None:
+                    totals[metric] += value
 
     def request(self, host: str) -> None:
         self._add(host, (("requests", 1),))

@@ -26,7 +26,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from webfarm.monitor.metrics import GAUGES, SPIDER_HOST, MetricsStore, Recorder
+from webfarm.monitor.metrics import GAUGES, OTHER_HOSTS, SPIDER_HOST, MetricsStore, Recorder
 
 logger = logging.getLogger(__name__)
 OTHER = "other"
@@ -62,12 +62,15 @@ class WorkerCollector(Collector):
 
     def _label_of(self, totals: dict[str, dict[str, float]]) -> dict[str, str]:
         with self._lock:
-            busiest = sorted(totals, key=lambda h: -totals[h].get("requests", 0.0))
+            busiest = sorted((h for h in totals if h != OTHER_HOSTS),
+                             key=lambda h: -totals[h].get("requests", 0.0))
             for host in busiest:
                 if len(self._labelled) >= self.top_hosts:
                     break
                 self._labelled.add(host)
-            return {h: (h if h in self._labelled else OTHER) for h in totals}
+            label = {h: (h if h in self._labelled else OTHER) for h in totals}
+            label[OTHER_HOSTS] = OTHER
+            return label
 
     def collect(self) -> Iterator[Metric]:
         totals = self.recorder.totals()
