@@ -1,0 +1,172 @@
+"""Nothing is lost when storage fails: MongoDB restarted and S3 unreachable mid-crawl, and a
+store down for longer than WEBFARM_STORAGE_RETRY_SECONDS (the request goes back to the
+frontier). Real servers, a real ``scrapy crawl`` subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import boto3
+import pymongo
+import pytest
+
+from tests import runner, servers
+
+
+@pytest.fixture()
+def own_mongo(tmp_path) -> Iterator[servers.Server]:
+    """A SecantusDB of this test alone: it gets stopped, restarted and fail-pointed."""
+    server = servers.secantus(tmp_path / "secantus").start()
+    yield server
+    server.stop()
+
+
+class Gate:
+    """A TCP forwarder in front of a real server. Closed, it accepts and drops every
+    connection at once (an endpoint that is down), and counts them."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = ("127.0.0.1", target_port)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.open = True
+        self.dropped = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            if not self.open:
+                self.dropped += 1
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                client.close()
+                continue
+            upstream = socket.create_connection(self.target)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def wait_pages(uri: str, db: str, at_least: int, timeout: float = 90) -> int:
+    """Wait until ``at_least`` pages are stored; the count then."""
+    client = pymongo.MongoClient(uri, serverSelectionTimeoutMS=2000)
+    try:
+        servers.wait_for(lambda: client[db].pages.count_documents({}) >= at_least, timeout,
+                         f"{at_least} pages stored")
+        return client[db].pages.count_documents({})
+    finally:
+        client.close()
+
+
+def finish(proc, log, timeout: float = 150) -> str:
+    try:
+        proc.wait(timeout)
+    except Exception:
+        proc.kill()
+        raise
+    output = log.read_text(errors="replace")
+    assert proc.returncode == 0, output[-3000:]
+    return output
+
+
+def stat(output: str, name: str) -> int:
+    found = re.search(rf"'{re.escape(name)}': (\d+)", output)
+    return int(found.group(1)) if found else 0
+
+
+def assert_every_page_once(web, base, db, blob_keys: set[str]) -> None:
+    pages = list(db.pages.find())
+    assert {d["url"] for d in pages} == web.expected_pages(base)
+    assert len(pages) == len(web.expected_pages(base))  # one document per URL
+    contents = list(db.contents.find())
+    assert len(contents) == web.expected_contents(base)
+    assert sum(c["url_count"] for c in contents) == len(pages)
+    assert blob_keys == {c["blob_key"] for c in contents}  # every blob once, none missing
+
+
+def crawl_env(web, redis_url, mongo_uri, db_name, blobs, **extra):
+    return runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri, MONGO_DATABASE=db_name,
+                          BLOB_STORE_URI=blobs, WEBFARM_HOST_DELAY="0.05", **extra)
+
+
+def test_mongodb_restart_and_s3_outage_mid_crawl_lose_nothing(web, redis_url, own_mongo,
+                                                               s3_server, s3_bucket, tmp_path):
+    base = web.base_urls[0]
+    gate = Gate(int(s3_server.url.rsplit(":", 1)[1]))
+    env = crawl_env(web, redis_url, own_mongo.url, "faults", f"s3://{s3_bucket}/p",
+                    AWS_ENDPOINT_URL=f"http://127.0.0.1:{gate.port}",
+                    WEBFARM_STORAGE_RETRY_SECONDS="120")
+    log = tmp_path / "crawl.log"
+    proc = runner.popen(["crawl", "generic", "-a", f"start={base}/",
+                         "-s", "WEBFARM_S3_MAX_ATTEMPTS=2"], env, log)
+    try:
+        stored = wait_pages(own_mongo.url, "faults", 8)
+        own_mongo.stop()  # MongoDB down mid-crawl (pymongo waits, then our retries)...
+        time.sleep(2.5)
+        own_mongo.start()  # ...and back, same port, same data
+        wait_pages(own_mongo.url, "faults", stored + 8)
+        gate.open = False  # then S3 unreachable (connections dropped)...
+        time.sleep(2.5)
+        gate.open = True  # ...and back
+        output = finish(proc, log)
+    finally:
+        gate.close()
+    assert stored < len(web.expected_pages(base))  # the outages did hit the crawl mid-way
+    assert gate.dropped >= 1, "no S3 call happened during the outage"
+    assert stat(output, "webfarm/blobs/retries") >= 1
+    s3 = boto3.client("s3", endpoint_url=s3_server.url)
+    listed = s3.list_objects_v2(Bucket=s3_bucket, Prefix="p/raw/").get("Contents", [])
+    keys = [o["Key"].removeprefix("p/") for o in listed]
+    assert len(keys) == len(set(keys))
+    db = pymongo.MongoClient(own_mongo.url)["faults"]
+    assert_every_page_once(web, base, db, set(keys))
+    assert {d["fetch_count"] for d in db.pages.find()} == {1}  # no page counted twice
+
+
+def test_storage_down_past_the_limit_sends_requests_back(web, redis_url, own_mongo, tmp_path):
+    base = web.base_urls[0]
+    blobs = tmp_path / "blobs"
+    env = crawl_env(web, redis_url, own_mongo.url, "limit", blobs.as_uri(),
+                    WEBFARM_STORAGE_RETRY_SECONDS="1")
+    admin = pymongo.MongoClient(own_mongo.url).admin
+    log = tmp_path / "crawl.log"
+    proc = runner.popen(["crawl", "generic", "-a", f"start={base}/", "-s",
+                         "WEBFARM_RETRY_BACKOFF_BASE=0.3", "-s", "WEBFARM_RETRY_TIMES=30"],
+                        env, log)
+    assert wait_pages(own_mongo.url, "limit", 10) < len(web.expected_pages(base))
+    admin.command("configureFailPoint", "failCommand", mode="alwaysOn",
+                  data={"failCommands": ["update"], "errorCode": 2})
+    time.sleep(4)
+    admin.command("configureFailPoint", "failCommand", mode="off")
+    output = finish(proc, log)
+
+    assert stat(output, "webfarm/index/gave_up") >= 1  # writes failed past the limit...
+    assert stat(output, "webfarm/frontier/retried") >= 1  # ...so the requests went back
+    assert stat(output, "webfarm/frontier/dead") == 0
+    assert "item pipeline failed" not in output or "StorageUnavailable" in output
+    db = pymongo.MongoClient(own_mongo.url)["limit"]
+    from webfarm.blobstore import open_blob_store
+
+    assert_every_page_once(web, base, db, set(open_blob_store(blobs.as_uri()).iter_keys()))
