@@ -117,3 +117,38 @@ def test_a_bad_allow_list_stops_the_worker_with_one_clear_line(web, stores):
     assert result.returncode != 0
     assert "WEBFARM_ALLOWED_NETWORKS entry 'intranet' is not a network" in result.output
     assert web.hits_for() == []
+
+
+def test_scrapy_dns_cache_pins_the_checked_address():
+    """DNS rebinding: with Scrapy's caching resolver the guard judges the address Scrapy
+    will connect to, and pins the one it resolved itself."""
+    from scrapy.resolver import dnscache
+
+    g = NetGuard.from_settings(Settings({
+        "WEBFARM_ALLOWED_NETWORKS": "127.0.0.0/8",
+        "TWISTED_DNS_RESOLVER": "scrapy.resolver.CachingThreadedResolver"}))
+    assert g.pin_scrapy_dns
+    dnscache.limit = dnscache.limit or 100
+    dnscache.pop("localhost", None)
+    try:
+        assert asyncio.run(g.check_url("http://localhost/")) is None
+        assert dnscache["localhost"] == "127.0.0.1"  # Scrapy now connects to what was checked
+        # A name Scrapy already resolved is judged by that address, not a fresh lookup.
+        dnscache["rebind.localhost"] = "10.9.8.7"
+        reason = asyncio.run(g.check_url("http://rebind.localhost/"))
+        assert reason == ("rebind.localhost resolves to private address 10.9.8.7 "
+                          "(not in WEBFARM_ALLOWED_NETWORKS)")
+    finally:
+        dnscache.pop("localhost", None)
+        dnscache.pop("rebind.localhost", None)
+
+
+def test_the_guard_is_off_only_when_its_setting_says_so():
+    from scrapy.exceptions import NotConfigured
+    from scrapy.utils.test import get_crawler
+
+    from middlewares.ssrf import SSRFGuardMiddleware
+
+    assert SSRFGuardMiddleware.from_crawler(get_crawler()).guard.enabled
+    with pytest.raises(NotConfigured):
+        SSRFGuardMiddleware.from_crawler(get_crawler(settings_dict={"WEBFARM_SSRF_GUARD": False}))
