@@ -9,6 +9,7 @@ every component and every worker of the machine uses the same ones.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from scrapy.commands.crawl import Command as ScrapyCrawlCommand
@@ -29,6 +30,8 @@ class Command(ScrapyCrawlCommand):
             loc = config.preflight(self.settings)
         except config.ConfigError as exc:
             print(f"webfarm: {exc}", file=sys.stderr)
+            if self.settings.get("LOG_FILE"):  # scrapyd: the job's log must say why, too
+                logging.getLogger(__name__).error("webfarm: %s", exc)
             self.exitcode = 1
             return
         config.apply(self.settings, loc)
