@@ -73,13 +73,16 @@ def hot_path(server: redis.Redis, runs: int, n: int) -> list[tuple[str, float]]:
         pipe.hincrbyfloat(key, f"{host}|latency_sum", 0.05)
         pipe.execute()
 
-    return [
-        ("Scrapy stats per response (baseline)",
-         median_of(runs, lambda: per_call_us(n, scrapy_stats))),
-        ("webfarm Recorder per response", median_of(runs, lambda: per_call_us(n, monitor))),
-        ("naive: one Redis round trip per response",
-         median_of(runs, lambda: per_call_us(max(n // 20, 200), naive))),
-    ]
+    # Interleaved, so each ratio compares measurements taken at the same time.
+    measures = [("Scrapy stats per response (baseline)", n, scrapy_stats),
+                ("webfarm Recorder per response", n, monitor),
+                ("naive: one Redis round trip per response", max(n // 20, 200), naive)]
+    samples: list[list[float]] = [[] for _ in measures]
+    for _ in range(runs):
+        for i, (_, count, call) in enumerate(measures):
+            samples[i].append(per_call_us(count, call))
+    return [(name, statistics.median(values))
+            for (name, _, _), values in zip(measures, samples, strict=True)]
 
 
 def flush_and_read(server: redis.Redis, runs: int) -> list[tuple[str, float]]:
@@ -142,7 +145,7 @@ def crawl(runs: int) -> list[tuple[str, float]]:
                     elapsed = time.monotonic() - t
                     if result.returncode:
                         raise SystemExit(result.output[-2000:])
-                    rates[mode].append(len(web.hits()) / elapsed)
+                    rates[mode].append(len(web.hits) / elapsed)
             for mode in ("off", "on"):
                 out.append((f"crawl, metrics {mode} (fetches/s incl. start-up)",
                             statistics.median(rates[mode])))

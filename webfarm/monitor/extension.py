@@ -168,8 +168,8 @@ class MonitorExtension:
             await maybe_deferred_to_future(d)
         await maybe_deferred_to_future(threads.deferToThread(self._flush))
         await maybe_deferred_to_future(threads.deferToThread(self.evaluator.release))
-        if self._http is not None:
-            self._http.shutdown()
+        if self._http is not None:  # shutdown() waits for the serving loop: not on the reactor
+            await maybe_deferred_to_future(threads.deferToThread(self._http.shutdown))
             self._http.server_close()
 
     def _in_thread(self, name: str, call: Any) -> None:

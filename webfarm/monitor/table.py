@@ -90,6 +90,34 @@ def report(store: MetricsStore, frontier: Frontier, window_seconds: float,
     }
 
 
+def add_figures(doc: dict[str, Any], frontier: Frontier, settings: Any,
+                window_seconds: float) -> bool:
+    """Merge the last ``window_seconds`` of figures into a ``scrapy frontier`` snapshot.
+
+    ``doc["per_host"]`` (every host, not cut to ``--top`` yet) gets each host's figures
+    and hosts that only have figures, worst first; ``doc["monitor"]`` the spider's
+    totals, the frontier's trend and the firing alerts. Nothing changes, and False is
+    returned, when no worker recorded anything in the window.
+    """
+    store = MetricsStore(
+        frontier.server, frontier.spider,
+        bucket_seconds=settings.getint("WEBFARM_METRICS_BUCKET", 60),
+        retention=settings.getfloat("WEBFARM_METRICS_RETENTION", 7200.0),
+    )
+    window = store.window(window_seconds)
+    if not window.hosts and not window.spider.requests and not window.gauges:
+        return False
+    doc["per_host"] = host_rows(window, doc["per_host"], frontier.default_delay)
+    doc["hosts_listed"] = len(doc["per_host"])
+    doc["monitor"] = {
+        "window_seconds": round(window.seconds, 1),
+        "spider": spider_figures(window),
+        "trend": trend(window),
+        "alerts": alerts_firing(store.server, frontier.key("alerts")),
+    }
+    return True
+
+
 def _num(value: float) -> str:
     if value >= 1e6:
         return f"{value / 1e6:.1f}M"
