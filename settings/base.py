@@ -28,6 +28,10 @@ BOT_NAME = "webfarm"
 SPIDER_MODULES = ["spiders"]
 NEWSPIDER_MODULE = "spiders"
 COMMANDS_MODULE = "webfarm.commands"
+# `scrapy genspider -t site NAME DOMAIN`: webfarm's spider templates (and the offline test
+# each new site gets) live here; Scrapy's own (-t basic, ...) are still found.
+TEMPLATES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "webfarm", "templates")
 
 # --- where things live -----------------------------------------------------
 REDIS_URL = _env("REDIS_URL")
