@@ -1,7 +1,11 @@
 -- webfarm frontier, part 3 of 3: the operations (ARGV[2]) and the dispatch.
 
 local function finish()
-  if d_queued ~= 0 then redis.call('HINCRBY', K_STATS, 'queued', d_queued) end
+  -- Entries written around this script (foreign or by hand) were never counted: popping
+  -- them must not drive the counter below zero, or a worker would never see an idle frontier.
+  if d_queued ~= 0 and redis.call('HINCRBY', K_STATS, 'queued', d_queued) < 0 then
+    redis.call('HSET', K_STATS, 'queued', 0)
+  end
   if d_seen ~= 0 then redis.call('HINCRBY', K_STATS, 'seen', d_seen) end
   if d_expired ~= 0 then redis.call('HINCRBY', K_STATS, 'expired', d_expired) end
   bloom_save()
