@@ -1,0 +1,340 @@
+"""``scrapy seed``, ``scrapy frontier`` and ``scrapy dlq`` as a user runs them: real
+subprocesses on a real Valkey and the test web; assertions on output and Redis state."""
+
+from __future__ import annotations
+
+import json
+
+import pymongo
+import pytest
+import redis
+from scrapy.settings import Settings
+from scrapy.utils.project import get_project_settings
+
+from tests import runner
+from tests.testweb import Response, TestWeb
+from webfarm.commands import seed
+from webfarm.commands._common import CommandError, spider_class
+from webfarm.frontier import Entry, Frontier
+from webfarm.queue import open_frontier
+from webfarm.serialize import loads
+from webfarm.urls import host_of
+
+FRONTIER_KEYS = {
+    "spider", "prefix", "redis", "queued", "hosts", "ready_hosts", "delayed", "leased", "dead",
+    "seen", "seen_exact", "dupefilter", "dupefilter_bytes", "bloom_layers", "retried",
+    "expired", "default_delay", "hosts_listed", "per_host",
+}
+LETTER_KEYS = {"reason", "status", "error", "attempts", "first", "last", "host", "priority",
+               "worker", "method", "url", "requeueable"}
+
+
+@pytest.fixture(scope="module")
+def small_web():
+    """A small shop of its own (26 pages, 10 products in its sitemap) on 127.0.0.5."""
+    with TestWeb(hosts=("127.0.0.5",), categories=2, products_per_category=5) as web:
+        yield web
+
+
+@pytest.fixture()
+def shop(small_web):
+    small_web.clear_hits()
+    small_web.clear_routes()
+    return small_web
+
+
+@pytest.fixture()
+def stores(redis_url, mongo_uri, mongo_db_name, tmp_path):
+    return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db_name,
+            "BLOB_STORE_URI": (tmp_path / "blobs").as_uri()}
+
+
+@pytest.fixture()
+def client(redis_url):
+    server = redis.Redis.from_url(redis_url)
+    yield server
+    server.close()
+
+
+def frontier_of(client: redis.Redis, delay: float = 1.0) -> Frontier:
+    settings = Settings({"DUPEFILTER_CLASS": "webfarm.dupefilter.BloomDupeFilter",
+                         "SCHEDULER_QUEUE_CLASS": "webfarm.frontier.Frontier",
+                         "WEBFARM_HOST_DELAY": delay})
+    return open_frontier(settings, "generic", client)
+
+
+def run(stores, *args: str, **env: str) -> runner.Result:
+    # Plain HTTP: these tests are about the frontier, not the browser rung.
+    env = {"WEBFARM_RENDER": "http", **stores, **env}
+    return runner.scrapy(list(args), runner.env_for(**env), timeout=120)
+
+
+def ok(result: runner.Result) -> str:
+    assert result.returncode == 0, result.output[-3000:]
+    return result.stdout
+
+
+def fails(result: runner.Result, code: int, message: str) -> None:
+    """Exit ``code``, one line on stderr containing ``message``, no traceback."""
+    assert result.returncode == code, result.output[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.output
+
+
+def queued_urls(frontier: Frontier, client: redis.Redis) -> list[str]:
+    urls = []
+    for host in frontier.host_stats():
+        for member in client.zrange(frontier.key("q:" + host["host"]), 0, -1):
+            urls.append(loads(member.decode().split(":", 3)[3])["url"])
+    return sorted(urls)
+
+
+def stored(stores) -> list[str]:
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    return [doc["url"] for doc in db.pages.find()]
+
+
+# -- seed ----------------------------------------------------------------------------------
+
+
+def test_seed_urls_and_file_through_the_dupefilter(stores, client, tmp_path):
+    urls = tmp_path / "urls.txt"
+    urls.write_text("# start pages\nhttp://127.0.0.2:81/a\n\n  http://127.0.0.3:82/b  \n"
+                    "http://127.0.0.2:81/a?utm_source=mail\n")
+    out = ok(run(stores, "seed", "generic", "http://127.0.0.2:81/c", "-f", str(urls)))
+    assert "3 enqueued, 0 already seen, 1 repeated in the input (4 URLs given)" in out
+    frontier = frontier_of(client)
+    assert queued_urls(frontier, client) == [
+        "http://127.0.0.2:81/a", "http://127.0.0.2:81/c", "http://127.0.0.3:82/b"]
+    # The entry is what a worker writes: JSON of Request.to_dict, the spider's default callback.
+    popped = frontier.pop("test")
+    request = loads(popped.payload)
+    assert request["callback"] is None and request["method"] == "GET"
+    frontier.release([popped.lease_id])
+
+    again = ok(run(stores, "seed", "generic", "http://127.0.0.2:81/c", "-f", str(urls)))
+    assert "0 enqueued, 3 already seen" in again
+    assert frontier.counts()["queued"] == 3
+    forced = ok(run(stores, "seed", "generic", "--force", "http://127.0.0.2:81/c"))
+    assert "1 enqueued, 1 of them seen before (--force)" in forced
+    assert frontier.counts()["queued"] == 4
+
+
+def test_seed_bad_input_is_one_line_and_enqueues_nothing(stores, client, tmp_path, shop):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("http://127.0.0.2:81/ok\nhttp://127.0.0.2:81/ok2\nmailto:someone@example.com\n")
+    fails(run(stores, "seed", "generic", "-f", str(bad)), 2, "bad.txt, line 3: 'mailto:")
+    base = shop.base_urls[0]
+    shop.route("/page.xml", Response.html("<html><body>not a sitemap</body></html>"))
+    fails(run(stores, "seed", "generic", "http://127.0.0.2:81/x", "--sitemap",
+              f"{base}/page.xml"), 2, "is not a sitemap (root element <html>")
+    assert client.keys("webfarm:*") == []  # nothing half-enqueued, not even the good URLs
+    fails(run({**stores, "REDIS_URL": "redis://127.0.0.1:1/0"}, "seed", "generic",
+              "http://127.0.0.2/"), 1, "REDIS_URL: cannot reach")
+
+
+def test_seed_input_checks_in_process(tmp_path):
+    """The other one-line refusals, without a process each (the same code paths)."""
+    with pytest.raises(CommandError, match="argument: 'ftp://h/y' is not an http"):
+        seed_command()._seed("generic", ["http://127.0.0.2/x", "ftp://h/y"], seed_opts())
+    with pytest.raises(CommandError, match="nothing to seed"):
+        seed_command()._seed("generic", [], seed_opts())
+    with pytest.raises(CommandError, match="--sitemap: 'ftp://x/s.xml' is not an http"):
+        seed_command()._seed("generic", [], seed_opts(sitemaps=["ftp://x/s.xml"]))
+    with pytest.raises(CommandError, match="cannot read .*missing.txt: No such file"):
+        seed.read_url_file(str(tmp_path / "missing.txt"))
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(CommandError, match="not UTF-8 text"):
+        seed.read_url_file(str(binary))
+    with pytest.raises(CommandError, match="no spider named 'nosuchspider'"):
+        spider_class(get_project_settings(), "nosuchspider")
+
+
+def seed_command() -> seed.Command:
+    command = seed.Command()
+    command.settings = get_project_settings()
+    return command
+
+
+def seed_opts(**overrides):
+    import argparse
+
+    values = {"files": [], "sitemaps": [], "force": False, "priority": 0, "max_urls": 10}
+    return argparse.Namespace(**{**values, **overrides})
+
+
+def test_seed_a_sitemap_then_crawl_with_no_start_urls(stores, client, shop):
+    """robots.txt -> sitemap; index -> gzip sitemap; then a worker with only -a domains."""
+    base = shop.base_urls[0]
+    products = {u for u in shop.expected_pages(base) if "/product/" in u and "/print/" not in u}
+    out = ok(run(stores, "seed", "generic", "--sitemap", base))
+    assert f"{len(products)} enqueued, 0 already seen" in out
+    assert "2 sitemap documents read" in out  # robots.txt and sitemap.xml
+    again = ok(run(stores, "seed", "generic", "--sitemap", f"{base}/sitemap_index.xml"))
+    assert f"0 enqueued, {len(products)} already seen" in again
+    frontier = frontier_of(client)
+    assert set(queued_urls(frontier, client)) == products
+
+    crawl = run(stores, "crawl", "generic", "-a", f"domains={host_of(base)}",
+                WEBFARM_IDLE_TIMEOUT="1")
+    assert crawl.returncode == 0, crawl.output[-3000:]
+    pages = stored(stores)
+    assert len(pages) == len(set(pages)) and set(pages) == shop.expected_pages(base)
+    fetched = [h.path for h in shop.hits_for(host=base) if h.path.startswith("/product/")]
+    assert len(fetched) == len(set(fetched))  # seeded pages fetched once, not again as links
+    doc = json.loads(ok(run(stores, "frontier", "generic", "--json")))
+    assert (doc["queued"], doc["leased"], doc["delayed"], doc["dead"]) == (0, 0, 0, 0)
+    assert doc["seen"] >= len(shop.expected_pages(base))
+
+
+# -- frontier ------------------------------------------------------------------------------
+
+
+def test_frontier_table_json_and_reset(stores, client):
+    frontier = frontier_of(client, delay=0)
+    entries = [Entry("busy.test", 0, f"b{i}".encode(), json.dumps({"url": f"http://busy.test/{i}"}))
+               for i in range(5)]
+    entries += [Entry("quiet.test:8080", 0, b"q", json.dumps({"url": "http://quiet.test:8080/"}))]
+    frontier.push(entries)
+    frontier.set_delay("quiet.test:8080", 2.5)
+    frontier.defer_host("busy.test", 300)
+    frontier.pop("w")  # quiet.test's only entry: now leased
+
+    table = ok(run(stores, "frontier", "generic", "--top", "1"))
+    lines = table.splitlines()
+    assert lines[0].startswith("frontier webfarm:{generic}: on redis://")
+    assert any(line.split()[:2] == ["queued", "5"] for line in lines)
+    assert any(line.split()[:2] == ["leased", "1"] for line in lines)
+    header = next(i for i, line in enumerate(lines) if line.startswith("HOST"))
+    assert lines[header].split() == ["HOST", "QUEUED", "DELAY", "NEXT", "ALLOWED"]
+    busy = lines[header + 1].split()
+    # WEBFARM_HOST_DELAY=0 in the tests' environment: the command reads the same settings
+    assert busy[:3] == ["busy.test", "5", "0s"] and busy[-2] == "in" and busy[-1][-1] in "sm"
+    assert "quiet.test" not in table and lines[header + 2] == "… and 1 more hosts (--top 0 " \
+        "lists all)"
+
+    doc = json.loads(ok(run(stores, "frontier", "generic", "--json")))
+    assert set(doc) == FRONTIER_KEYS
+    assert (doc["queued"], doc["hosts"], doc["ready_hosts"], doc["leased"]) == (5, 1, 0, 1)
+    assert doc["dupefilter"] == "bloom" and doc["seen"] == 6 and doc["dupefilter_bytes"] > 0
+    assert [h["host"] for h in doc["per_host"]] == ["busy.test", "quiet.test:8080"]
+    assert set(doc["per_host"][0]) == {"host", "queued", "delay", "next_allowed_in"}
+    assert 200 < doc["per_host"][0]["next_allowed_in"] <= 300
+    assert doc["per_host"][1]["delay"] == 2.5
+
+    fails(run(stores, "frontier", "generic", "--reset"), 2, "add --yes to confirm")
+    assert frontier.counts()["queued"] == 5
+    out = ok(run(stores, "frontier", "generic", "--reset", "--yes"))
+    assert "reset generic: deleted" in out
+    assert client.keys("webfarm:{generic}:*") == []
+
+
+# -- dlq -----------------------------------------------------------------------------------
+
+
+def dead_letters_setup(client: redis.Redis) -> Frontier:
+    frontier = frontier_of(client, delay=0)
+    cases = [("http://a.test/1", "gave up after 5 attempts: HTTP 503", 503, None),
+             ("http://a.test/2", "gave up after 5 attempts: HTTP 503", 503, None),
+             ("http://user:s3cret@b.test/3", "download failed: TunnelError", None,
+              "TunnelError via http://proxyuser:pw@proxy.test:8080")]
+    for url, reason, status, error in cases:  # one at a time: a known order in the list
+        frontier.push([Entry(host_of(url), 7, url.encode(), json.dumps({"url": url}))])
+        popped = frontier.pop("w")
+        frontier.retry(popped.lease_id, 0, reason)  # one earlier attempt
+        popped = frontier.pop("w")
+        assert popped is not None and loads(popped.payload)["url"] == url
+        frontier.dead(popped.lease_id, reason, status=status, error=error)
+    frontier.dead(None, "malformed queue entry", payload="\x00garbage")
+    return frontier
+
+
+def test_dlq_list_requeue_and_purge(stores, client):
+    frontier = dead_letters_setup(client)
+    table = ok(run(stores, "dlq", "generic"))
+    assert table.splitlines()[0] == "4 dead letters in webfarm:{generic}:dead"
+    assert "REASON" in table and "(not a request)" in table
+    assert "gave up after 5 attempts: HTTP 503" in table and "http://a.test/1" in table
+    assert "s3cret" not in table and "pw@" not in table and "http://***@b.test/3" in table
+
+    full = json.loads(ok(run(stores, "dlq", "generic", "--list", "--json", "--limit", "0")))
+    assert (full["total"], full["matched"], full["listed"]) == (4, 4, 4)
+    letter = full["letters"][0]
+    assert set(letter) == LETTER_KEYS
+    assert (letter["status"], letter["attempts"], letter["url"]) == (503, 2, "http://a.test/1")
+    assert letter["last"] >= letter["first"] > 0 and letter["requeueable"] is True
+    assert full["letters"][2]["error"] == "TunnelError via http://***@proxy.test:8080"
+    assert full["letters"][3]["requeueable"] is False
+    some = json.loads(ok(run(stores, "dlq", "generic", "--json", "--reason", "503",
+                             "--limit", "1")))
+    assert (some["total"], some["matched"], some["listed"]) == (4, 2, 1)
+
+    out = ok(run(stores, "dlq", "generic", "--requeue", "--reason", "HTTP 50[0-9]$"))
+    assert "requeued 2 dead letters" in out
+    counts = frontier.counts()
+    assert (counts["queued"], counts["dead"]) == (2, 2)
+    popped = [frontier.pop("w2") for _ in range(2)]
+    assert sorted(loads(p.payload)["url"] for p in popped) == ["http://a.test/1",
+                                                               "http://a.test/2"]
+    assert [p.attempts for p in popped] == [0, 0]  # attempts reset
+    rest = ok(run(stores, "dlq", "generic", "--requeue"))
+    assert "requeued 1 dead letters" in rest and "1 are not requests and stay" in rest
+    assert frontier.counts()["dead"] == 1
+    assert "purged 0 dead letters" in ok(run(stores, "dlq", "generic", "--purge", "--reason",
+                                             "nothing-like-this"))
+    assert "purged 1 dead letters" in ok(run(stores, "dlq", "generic", "--purge"))
+    assert frontier.counts()["dead"] == 0
+
+
+def test_dlq_table_and_filters_in_process():
+    from webfarm.commands import dlq
+
+    assert dlq.mask_credentials("see http://u:p@h/x and https://tok@h2/") == \
+        "see http://***@h/x and https://***@h2/"
+    with pytest.raises(CommandError, match="is not a regular expression"):
+        dlq._pattern("(")
+    letter = {"reason": "r", "host": "h.test", "priority": 3, "payload": '{"url": "http://h/"}'}
+    assert dlq.requeue_entry(letter) == Entry("h.test", 3, b"", '{"url": "http://h/"}', True)
+    for bad in ({**letter, "payload": "{nope"}, {**letter, "host": None},
+                {**letter, "host": "a b"}, {**letter, "priority": 1.5}):
+        assert dlq.requeue_entry(bad) is None
+
+
+# -- malformed entries under a real crawl --------------------------------------------------
+
+
+def test_garbage_in_a_queue_is_dead_lettered_never_run(stores, client, shop):
+    base = shop.base_urls[0]
+    host = host_of(base)
+    frontier = frontier_of(client)
+    frontier.push([Entry(host, 0, b"home", json.dumps({"url": f"{base}/"}))])
+    queue = frontier.key("q:" + host)
+    evil = json.dumps({"url": f"{base}/evil", "_class": "os.system"})
+    client.zadd(queue, {
+        b"\xff\xfe raw garbage": -100,                                    # not our member format
+        b"000000000001:0:1700000000:{not json": -100,                    # our format, not JSON
+        f"000000000002:0:1700000000:{evil}".encode(): -100,              # a foreign class
+        ("000000000003:0:1700000000:" + json.dumps(
+            {"url": f"{base}/evil2", "callback": "no_such_method"})).encode(): -100,
+    })
+    client.set(frontier.key("q:foreign.test"), b"not a sorted set")      # a foreign key type
+    client.zadd(frontier.key("ready"), {"foreign.test": 0})
+
+    crawl = run(stores, "crawl", "generic", "-a", f"domains={host}", WEBFARM_IDLE_TIMEOUT="1")
+    assert crawl.returncode == 0, crawl.output[-3000:]
+    assert set(stored(stores)) == shop.expected_pages(base)
+    assert not [h for h in shop.hits_for(host=base) if h.path.startswith("/evil")]
+
+    doc = json.loads(ok(run(stores, "dlq", "generic", "--json")))
+    reasons = sorted(letter["reason"] for letter in doc["letters"])
+    assert len(reasons) == 5, reasons
+    assert sum("malformed queue entry" in r for r in reasons) == 1
+    assert sum("malformed frontier entry: not JSON" in r for r in reasons) == 1
+    assert sum("request class 'os.system' is not allowed" in r for r in reasons) == 1
+    assert sum("not a request of this spider" in r for r in reasons) == 1
+    assert sum("queue key is not a sorted set" in r for r in reasons) == 1
+    out = ok(run(stores, "dlq", "generic", "--requeue"))
+    # only the entry naming a missing callback is JSON of a request; it fails again on a worker
+    assert "requeued 1 dead letters" in out and "4 are not requests and stay" in out

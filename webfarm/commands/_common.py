@@ -1,0 +1,123 @@
+"""What ``scrapy seed``, ``scrapy frontier`` and ``scrapy dlq`` share: finding the
+spider, reaching its frontier the way a worker does, one-line errors, tables.
+
+Not a command itself (it defines no ScrapyCommand), so Scrapy lists nothing for it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from scrapy.settings import BaseSettings
+from scrapy.spiderloader import get_spider_loader
+
+from webfarm import config
+from webfarm.frontier import Frontier
+from webfarm.queue import open_frontier
+from webfarm.redisconn import CLIENT_OPTIONS
+
+#: exit codes: bad input (arguments, files, URLs) vs. a deployment that is not reachable
+BAD_INPUT = 2
+BAD_CONFIG = 1
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s]*@")
+
+
+class CommandError(Exception):
+    """Stop the command with one line on stderr and ``code`` as exit code."""
+
+    def __init__(self, message: str, code: int = BAD_INPUT) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def report(command: Any, exc: CommandError) -> None:
+    """Print the one line and set the command's exit code."""
+    print(f"webfarm: {exc}", file=sys.stderr)
+    command.exitcode = exc.code
+
+
+def spider_class(settings: BaseSettings, name: str) -> type:
+    """The spider class named ``name``, so a typo never reads or writes an empty frontier."""
+    try:
+        return get_spider_loader(settings).load(name)
+    except KeyError:
+        raise CommandError(f"no spider named {name!r}; `scrapy list` shows them") from None
+
+
+def open_spider_frontier(settings: BaseSettings, name: str) -> Frontier:
+    """The spider's frontier on ``REDIS_URL`` (or the embedded Valkey, started or joined),
+    with the same keys, delays and dupefilter mode as the workers; checked reachable."""
+    try:
+        url = config.redis_url(settings)
+        variable = "REDIS_URL" if settings.get("REDIS_URL") else "REDIS_URL (unset: embedded)"
+        config.check_redis(url, variable)
+    except config.ConfigError as exc:
+        raise CommandError(str(exc), BAD_CONFIG) from None
+    try:
+        return open_frontier(settings, name, redis.Redis.from_url(url, **CLIENT_OPTIONS))
+    except ValueError as exc:
+        raise CommandError(str(exc), BAD_CONFIG) from None
+
+
+def where(frontier: Frontier) -> str:
+    """``redis://host:port/db``, for the header line (no password)."""
+    kw = frontier.server.connection_pool.connection_kwargs
+    if kw.get("path"):
+        return f"unix://{kw['path']}"
+    return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+
+
+def mask_credentials(text: str) -> str:
+    """Hide the ``user:password@`` part of every URL in ``text`` (user names are often
+    tokens too, so the whole user-info goes)."""
+    return _USERINFO.sub(r"\1***@", text)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One table column: header, how to get the cell from a row, right-aligned or not."""
+
+    header: str
+    cell: Callable[[dict[str, Any]], str]
+    right: bool = False
+    width: int | None = None  # cut longer cells to this many characters
+
+
+def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
+    """An aligned text table; add a :class:`Column` to show one more value per row."""
+    cells = [[c.header for c in columns]]
+    for row in rows:
+        line = []
+        for c in columns:
+            text = " ".join(str(c.cell(row)).split())
+            if c.width is not None and len(text) > c.width:
+                text = text[: max(1, c.width - 1)] + "…"
+            line.append(text)
+        cells.append(line)
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    out = []
+    for line in cells:
+        parts = [
+            text.rjust(w) if c.right else text.ljust(w)
+            for text, w, c in zip(line, widths, columns, strict=True)
+        ]
+        out.append("  ".join(parts).rstrip())
+    return "\n".join(out)
+
+
+def seconds(value: float | None) -> str:
+    """``0.25s``, ``12s``, ``3m05s``, ``2h10m`` — short and sortable by eye."""
+    if value is None:
+        return "-"
+    if value < 10:
+        return f"{value:.2f}s".replace(".00s", "s")
+    if value < 60:
+        return f"{value:.0f}s"
+    if value < 3600:
+        return f"{int(value // 60)}m{int(value % 60):02d}s"
+    return f"{int(value // 3600)}h{int(value % 3600 // 60):02d}m"

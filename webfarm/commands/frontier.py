@@ -1,0 +1,200 @@
+"""``scrapy frontier SPIDER [--json] [--top N] [--reset --yes]``: what a spider's frontier holds.
+
+Queued requests in total and per host, hosts ready now, retries waiting for
+their backoff, leases in flight, dead letters, URLs seen, and each host's delay
+and next-allowed time — read from Redis, so it shows every worker's share.
+``--json`` prints the same as one object with stable keys (see the README).
+
+``--reset`` is the one explicit wipe of a frontier (closing a worker never
+deletes shared state); it asks first, or needs ``--yes`` when not at a terminal.
+
+The host table is built from :data:`HOST_COLUMNS` by :func:`host_table`; a view
+that knows more per host adds a :class:`~webfarm.commands._common.Column`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, ClassVar
+
+import redis
+from scrapy.commands import ScrapyCommand
+from scrapy.exceptions import UsageError
+
+from webfarm.commands._common import (
+    BAD_CONFIG,
+    BAD_INPUT,
+    Column,
+    CommandError,
+    open_spider_frontier,
+    render_table,
+    report,
+    seconds,
+    spider_class,
+    where,
+)
+from webfarm.frontier import Frontier
+
+DEFAULT_TOP = 20
+
+#: The per-host table: one column per key of a ``per_host`` row of :func:`snapshot`.
+HOST_COLUMNS: list[Column] = [
+    Column("HOST", lambda h: h["host"]),
+    Column("QUEUED", lambda h: f"{h['queued']:,}", right=True),
+    Column("DELAY", lambda h: seconds(h["delay"]), right=True),
+    Column("NEXT ALLOWED", lambda h: "now" if h["next_allowed_in"] <= 0
+           else "in " + seconds(h["next_allowed_in"]), right=True),
+]
+
+
+def snapshot(frontier: Frontier, top: int = 0) -> dict[str, Any]:
+    """Everything ``scrapy frontier`` shows, as JSON-ready data (the ``--json`` keys).
+
+    ``per_host`` lists hosts with queued requests or a pending politeness wait, most
+    queued first, at most ``top`` of them (0: all); ``hosts_listed`` counts them all.
+    """
+    counts = frontier.counts()
+    stored_mode = frontier.server.hget(frontier.key("stats"), "dupefilter")
+    mode = stored_mode.decode() if stored_mode else frontier.dupefilter
+    memory = frontier.memory() if mode == frontier.dupefilter else {"bytes": 0, "layers": 0}
+    hosts = frontier.host_stats()
+    return {
+        "spider": frontier.spider,
+        "prefix": frontier.prefix,
+        "redis": where(frontier),
+        "queued": counts["queued"],
+        "hosts": counts["hosts"],
+        "ready_hosts": counts["ready_hosts"],
+        "delayed": counts["delayed"],
+        "leased": counts["leased"],
+        "dead": counts["dead"],
+        "seen": counts["seen"],
+        "seen_exact": mode == "set",
+        "dupefilter": mode,
+        "dupefilter_bytes": memory["bytes"],
+        "bloom_layers": memory["layers"],
+        "retried": counts["retried"],
+        "expired": counts["expired"],
+        "default_delay": frontier.default_delay,
+        "hosts_listed": len(hosts),
+        "per_host": hosts[:top] if top > 0 else hosts,
+    }
+
+
+def host_table(rows: list[dict[str, Any]], columns: list[Column] | None = None) -> str:
+    """The per-host table of :func:`snapshot` rows (extra columns: pass ``columns``)."""
+    return render_table(rows, HOST_COLUMNS if columns is None else columns)
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def summary(doc: dict[str, Any]) -> str:
+    """The lines above the host table."""
+    if doc["seen_exact"]:
+        kind, approx = "exact set", ""
+    else:
+        kind, approx = f"Bloom filter, {_n(doc['bloom_layers'], 'layer')}", "~"
+    rows = [
+        ("queued", f"{doc['queued']:,}",
+         f"{_n(doc['hosts'], 'host')}, {doc['ready_hosts']:,} ready now"),
+        ("delayed", f"{doc['delayed']:,}", "retries waiting for their backoff"),
+        ("leased", f"{doc['leased']:,}", "in flight on workers"),
+        ("dead", f"{doc['dead']:,}", f"scrapy dlq {doc['spider']} --list"),
+        ("seen", f"{approx}{doc['seen']:,}", f"{kind}, {_size(doc['dupefilter_bytes'])}"),
+        ("retried", f"{doc['retried']:,}", f"all time; {_n(doc['expired'], 'lease')} expired"),
+    ]
+    width = max(len(r[1]) for r in rows)
+    lines = [f"frontier {doc['prefix']} on {doc['redis']}"]
+    lines += [f"  {name:<8}{value:>{width}}   {note}" for name, value, note in rows]
+    return "\n".join(lines)
+
+
+class Command(ScrapyCommand):
+    requires_project = True
+    requires_crawler_process = False
+    default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
+
+    def syntax(self) -> str:
+        return "SPIDER [--json] [--top N] | SPIDER --reset [--yes]"
+
+    def short_desc(self) -> str:
+        return "Show a spider's shared frontier (queues per host, leases, dead, seen) or reset it"
+
+    def long_desc(self) -> str:
+        return (
+            "Show what SPIDER's frontier holds: queued requests in total and per host (most "
+            "queued first), hosts ready now, delayed retries, leases in flight, dead letters, "
+            "URLs seen, and each host's delay and next-allowed time. --json prints one object "
+            "for scripts. --reset deletes the whole frontier (queues, seen URLs, dead "
+            "letters); it asks first, or needs --yes."
+        )
+
+    def add_options(self, parser: argparse.ArgumentParser) -> None:
+        super().add_options(parser)
+        parser.add_argument("--json", dest="json", action="store_true",
+                            help="print one JSON object instead of tables")
+        parser.add_argument("--top", type=int, default=DEFAULT_TOP, metavar="N",
+                            help=f"hosts to list (default {DEFAULT_TOP}; 0 = all)")
+        parser.add_argument("--reset", action="store_true",
+                            help="delete this spider's whole frontier")
+        parser.add_argument("--yes", action="store_true", help="do not ask before --reset")
+
+    def run(self, args: list[str], opts: argparse.Namespace) -> None:
+        if len(args) != 1:
+            raise UsageError("give one spider name", print_help=False)
+        try:
+            if opts.top < 0:
+                raise CommandError(f"--top {opts.top}: give 0 (all hosts) or more")
+            assert self.settings is not None
+            spider_class(self.settings, args[0])
+            frontier = open_spider_frontier(self.settings, args[0])
+            try:
+                if opts.reset:
+                    self._reset(frontier, opts.yes)
+                else:
+                    self._show(frontier, opts)
+            except redis.RedisError as exc:
+                raise CommandError(f"Redis failed: {exc}", BAD_CONFIG) from None
+        except CommandError as exc:
+            report(self, exc)
+
+    def _show(self, frontier: Frontier, opts: argparse.Namespace) -> None:
+        doc = snapshot(frontier, opts.top)
+        if opts.json:
+            print(json.dumps(doc, indent=2))
+            return
+        print(summary(doc))
+        if doc["per_host"]:
+            print()
+            print(host_table(doc["per_host"]))
+            hidden = doc["hosts_listed"] - len(doc["per_host"])
+            if hidden > 0:
+                print(f"… and {hidden:,} more hosts (--top 0 lists all)")
+
+    def _reset(self, frontier: Frontier, yes: bool) -> None:
+        c = frontier.counts()
+        what = (f"the whole frontier {frontier.prefix} on {where(frontier)}: {c['queued']:,} "
+                f"queued, {c['leased']:,} leased, {c['delayed']:,} delayed, {c['dead']:,} dead, "
+                f"{c['seen']:,} seen")
+        if not yes:
+            if not sys.stdin.isatty():
+                raise CommandError(f"--reset would delete {what}; add --yes to confirm",
+                                   BAD_INPUT)
+            answer = input(f"Delete {what}? Type the spider name to confirm: ")
+            if answer.strip() != frontier.spider:
+                print("not reset")
+                return
+        deleted = frontier.reset()
+        print(f"reset {frontier.spider}: deleted {deleted} keys of {frontier.prefix}")
