@@ -290,12 +290,13 @@ def proxies():
         s.stop()
 
 
-def crawl_through(proxy_setting, redis_url, mongo_uri, mongo_db_name, tmp_path, base, *extra):
+def crawl_through(proxy_setting, redis_url, mongo_uri, mongo_db_name, tmp_path, base, *extra,
+                  start=None):
     env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri,
                          MONGO_DATABASE=mongo_db_name,
                          BLOB_STORE_URI=(tmp_path / "blobs").as_uri(),
                          WEBFARM_PROXIES=proxy_setting)
-    args = ["crawl", "generic", "-a", f"start={base}/", "-s", "LOG_LEVEL=DEBUG",
+    args = ["crawl", "generic", "-a", f"start={start or base + '/'}", "-s", "LOG_LEVEL=DEBUG",
             "-s", json_setting("DOWNLOADER_MIDDLEWARES", with_proxies()),
             "-s", "WEBFARM_PROXY_BACKOFF_BASE=0.3", "-s", "WEBFARM_PROXY_MAX_FAILURES=3",
             "-s", "WEBFARM_PROXY_HEALTH_REFRESH=0.2",
@@ -431,3 +432,32 @@ def test_bad_proxy_entry_stops_the_crawl_with_one_clear_line(redis_url, mongo_ur
     assert re.search(r"WEBFARM_PROXIES: entry 2 \(127\.0\.0\.1:notaport\): not a URL",
                      result.output), result.output[-2000:]
     assert SECRET not in result.output
+
+
+def test_browser_pages_go_through_one_context_per_proxy(web, redis_url, mongo_uri,
+                                                        mongo_db_name, tmp_path):
+    """Chromium through two real proxies, one needing credentials: every navigation goes
+    through a proxy, one browser context per proxy, and the password stays out of
+    logs, stats, Redis and Mongo."""
+    base = web.base_urls[1]
+    with ProxyServer("ok") as ok, ProxyServer("auth", credentials=("crawler", SECRET)) as auth:
+        setting = f"{ok.url}, {auth.url_with('crawler', SECRET)}"
+        starts = sorted(web.expected_pages(base))[:4]
+        result = crawl_through(setting, redis_url, mongo_uri, mongo_db_name, tmp_path, base,
+                               "-a", "max_pages=1",  # these 4 pages only
+                               "-s", "WEBFARM_RENDER=browser",
+                               # Chromium never proxies loopback unless told to.
+                               "-s", "WEBFARM_PROXY_BROWSER_BYPASS=<-loopback>",
+                               start=",".join(starts))
+        pages = [h for h in web.hits_for(host=base) if h.path != "/robots.txt"]
+        assert len(pages) == 4
+        assert ok.relayed_count() > 0 and auth.relayed_count() > 0
+        # Every page the site served came through a proxy (robots.txt goes over HTTP).
+        relayed = [e for p in (ok, auth) for e in p.entries() if e.relayed]
+        assert len(relayed) >= len(web.hits_for(host=base))
+        assert {e.status for e in auth.entries() if e.relayed} == {200}
+    stats = stats_from(result.output)
+    assert stats["webfarm/render/browser"] == len(pages)
+    assert stats["playwright/context_count"] == 2  # one per proxy, no more
+    assert not [h for h in web.hits if "proxy-authorization" in h.headers]
+    assert_no_secret(result, mongo_uri, mongo_db_name, redis_url)
