@@ -99,7 +99,7 @@ class RenderMiddleware:
         self.probe_period = round(1 / rate) if rate > 0 else 0
         self.min_text = settings.getint("WEBFARM_RENDER_MIN_TEXT", 200)
         self.min_pages = settings.getint("WEBFARM_RENDER_HOST_MIN_PAGES", 2)
-        self.share = settings.getfloat("WEBFARM_RENDER_HOST_SHARE", 0.5)
+        self.share = settings.getfloat("WEBFARM_RENDER_HOST_SHARE", 0.9)
         self.api = FetchAPI.from_settings(settings)
         wants_api = "api" in self.host_modes.values() or self.default_mode == "api"
         if wants_api and self.api is None:
@@ -239,7 +239,8 @@ class RenderMiddleware:
         meta = {k: v for k, v in request.meta.items() if k not in _FETCH_META}
         meta.update({META_RUNG: "browser", META_WHY: "escalated", META_REASON: reason,
                      META_HTTP_TEXT: http_text, "playwright": True})
-        return request.replace(meta=meta, dont_filter=True)
+        # Ahead of the host's other queued pages: its lease was already spent once.
+        return request.replace(meta=meta, dont_filter=True, priority=request.priority + 1)
 
     # -- the last rung -----------------------------------------------------------------------
 

@@ -169,6 +169,9 @@ def test_fetch_api_hosts_go_through_the_api(web, stores, redis_url):
     assert [d["reason"] for d in dead] == [dead[0]["reason"]] and "not JSON" in dead[0]["reason"]
     assert site.url(2) in dead[0]["payload"]
     assert stat(result, "webfarm/render/api") == 3
+    # No page needed a browser: neither Playwright's driver nor Chromium was started.
+    assert "Launching Chromium" not in result.output
+    assert stat(result, "playwright/browser_count") == 0
     assert stat(result, "webfarm/render/api_failed") == 2
     # The key never leaves the process: not in logs, stats, Redis or the index.
     assert key not in result.output
@@ -225,3 +228,53 @@ def test_browser_subresources_pass_the_ssrf_guard_and_useless_renders_count(web,
     assert stat(result, "webfarm/render/browser_refused") == 1
     assert stat(result, "webfarm/render/escalated") == 2
     assert stat(result, "webfarm/render/wrong_guess") == 1  # /broken: the browser added nothing
+
+
+# -- the judgement and the configuration, without a crawl -----------------------------------
+
+def html_response(body: str, status: int = 200):
+    from scrapy.http import HtmlResponse
+
+    return HtmlResponse("http://shop.example/p", status=status, body=body.encode(),
+                        headers={"Content-Type": "text/html; charset=utf-8"})
+
+
+def test_needs_js_signs():
+    from webfarm.render import needs_js
+
+    words = "<p>" + "A sturdy spade with an ash handle. " * 20 + "</p>"
+    assert needs_js(html_response('<body><div id="root"></div><script></script></body>')) \
+        == "empty app root #root"
+    assert needs_js(html_response("<body><noscript>Please enable JavaScript to continue"
+                                  "</noscript><p>Loading shop</p></body>")) \
+        == "noscript asks for JavaScript"
+    assert needs_js(html_response("<body><p>Loading…</p><script src=app.js></script></body>")
+                    ).startswith("almost no visible text")
+    assert needs_js(html_response(f"<body>{words}<script src=a.js></script></body>")) is None
+    assert needs_js(html_response("<body><p>Short page, no scripts.</p></body>")) is None
+    assert needs_js(html_response('<body><div id="app"></div></body>', status=404)) is None
+    # A spider's check replaces the built-in signs.
+    assert needs_js(html_response(f"<body>{words}</body>"), "span.price") \
+        == "render_check 'span.price' not found"
+    assert needs_js(html_response('<div id="app"></div><span class="price">3</span>'),
+                    "span.price") is None
+    assert needs_js(html_response(words), lambda r: b"spade" in r.body) is None
+
+
+def test_configuration_errors_are_one_clear_line(tmp_path):
+    from webfarm.browser import BrowserNotFound, find_chromium
+    from webfarm.render import RenderConfigError, parse_host_modes, parse_mode
+
+    with pytest.raises(RenderConfigError, match="'fast' is not a render mode; use one of http"):
+        parse_mode("fast", "WEBFARM_RENDER")
+    with pytest.raises(RenderConfigError, match="'shop.example' is not host=mode"):
+        parse_host_modes("shop.example")
+    assert parse_host_modes('{"http://Shop.example:8080/": "browser"}') == {
+        "shop.example:8080": "browser"}
+    with pytest.raises(BrowserNotFound, match="WEBFARM_CHROMIUM='/no/such' is not an exec"):
+        find_chromium("/no/such")
+    fake = tmp_path / "chromium-browser"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    assert find_chromium(path=str(tmp_path)) == str(fake)
+    assert find_chromium(path=str(tmp_path / "empty")) is None

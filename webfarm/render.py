@@ -206,7 +206,7 @@ class HostMemory:
     """
 
     def __init__(self, server: redis.Redis, spider: str, seconds: float, min_pages: int = 2,
-                 share: float = 0.5, cache_seconds: float = 2.0) -> None:
+                 share: float = 0.9, cache_seconds: float = 2.0) -> None:
         self.server = server
         self.prefix = f"webfarm:{{{spider}}}:render:"
         self.ttl_ms = max(1, int(seconds * 1000))
