@@ -6,13 +6,13 @@ empty robots.txt (allow all), treats network errors as allow all, follows up to
 (rule table in :mod:`webfarm.robots`):
 
 * 2xx is parsed (first 500 KiB; the download stops there), 4xx allows all,
-  429/5xx/network errors disallow all: requests of that origin raise
-  :class:`~webfarm.exceptions.RetryLater` with the time until the next robots.txt
-  attempt (``WEBFARM_ROBOTS_RETRY_DELAY``, or the response's ``Retry-After``), and
-  the host is deferred in the frontier, so queued requests wait there, not here.
-  Requests in flight during an outage count attempts like any retry: after
-  ``WEBFARM_RETRY_TIMES`` they reach the dead-letter queue with the reason
-  "robots.txt unavailable" (``scrapy dlq --requeue`` brings them back).
+  429/5xx/network errors disallow all. The requests that were in flight go back
+  with :class:`~webfarm.exceptions.RetryLater` (one attempt each); the host is
+  deferred in the frontier past the next robots.txt attempt
+  (``WEBFARM_ROBOTS_RETRY_DELAY``, or the answer's ``Retry-After``), which this
+  worker makes in the background, again and again while the outage lasts. So
+  queued requests wait in the frontier without spending attempts, and none is
+  fetched before robots.txt answers.
 * During an outage the last good copy is used if one is still cached (RFC 9309
   section 2.4 allows it). With no copy, after ``WEBFARM_ROBOTS_OUTAGE_ALLOW_AFTER``
   seconds of continuous outage (30 days, the RFC's example; 0 = never) the file
@@ -53,10 +53,10 @@ from scrapy.crawler import Crawler
 from scrapy.exceptions import NotConfigured, StopDownload
 from scrapy.http import Response
 from scrapy.http.request import NO_CALLBACK
-from scrapy.settings import BaseSettings
-from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet import reactor
+from twisted.internet.base import DelayedCall
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 
@@ -76,8 +76,9 @@ from webfarm.robots import (
     classify,
     next_record,
     origin_of,
-    product_token,
+    robots_agent,
     verdict,
+    warn_placeholder_user_agent,
 )
 from webfarm.robotscache import SharedRobotsCache
 from webfarm.threads import storage_threads
@@ -88,31 +89,6 @@ logger = logging.getLogger(__name__)
 META = "webfarm_robots"  # marks our own robots.txt requests
 MEMORY_ORIGINS = 4096  # parsed robots.txt kept in memory per worker (LRU)
 PARSE_IN_THREAD = 64 * 1024  # bodies larger than this are parsed off the reactor
-_placeholder_warned = False
-
-
-def warn_placeholder_user_agent(settings: BaseSettings) -> None:
-    """Log once per process when the crawler would introduce itself with the placeholder."""
-    global _placeholder_warned
-    agent = settings.get("USER_AGENT") or ""
-    placeholder = settings.get("WEBFARM_USER_AGENT_PLACEHOLDER") or "example.invalid"
-    if _placeholder_warned or (agent != placeholder and "example.invalid" not in agent):
-        return
-    _placeholder_warned = True
-    logger.warning(
-        "USER_AGENT is the placeholder %r: set WEBFARM_USER_AGENT to your crawler's name and "
-        "a contact URL, e.g. WEBFARM_USER_AGENT='acmebot/1.0 (+https://acme.example/bot)'",
-        agent,
-    )
-
-
-def robots_agent(settings: BaseSettings) -> str:
-    """The product token robots.txt groups are matched against."""
-    explicit = (settings.get("WEBFARM_ROBOTS_AGENT") or settings.get("ROBOTSTXT_USER_AGENT")
-                or "").strip()
-    return product_token(explicit or settings.get("USER_AGENT") or "")
-
-
 @dataclass
 class Known:
     """What this worker currently knows about an origin's robots.txt."""
@@ -122,7 +98,7 @@ class Known:
     rules: RobotsRules = DISALLOW_ALL
     reason: str = ""
     dead: DeadLetter | None = None
-    deferred: bool = False
+    deferred: bool = False  # the host is held in the frontier for this outage
     spacing: float = 0.0  # the Crawl-delay in force (0: none)
     burst: bool = False  # loaded while requests of other workers waited for the same file
 
@@ -147,21 +123,25 @@ class RobotsMiddleware:
         self.retry_after_max = settings.getfloat("WEBFARM_RETRY_AFTER_MAX", 3600.0)
         self.base_delay = settings.getfloat("WEBFARM_HOST_DELAY", 1.0)
         self.lock_seconds = (MAX_REDIRECTS + 1) * settings.getfloat("DOWNLOAD_TIMEOUT", 180) + 10
-        self.server = redis_client(settings)
-        self.cache: SharedRobotsCache | None = None
+        spider = crawler.spider.name if crawler.spider else crawler.spidercls.name
+        self.cache = SharedRobotsCache(redis_client(settings), spider, self.lock_seconds,
+                                       keep_seconds=2 * self.cache_seconds)
         self._known: OrderedDict[str, Known] = OrderedDict()
         self._pending: dict[str, list[Deferred[None]]] = {}
         self._delays: dict[str, float] = {}
-        crawler.signals.connect(self.spider_opened, signal=signals.spider_opened)
+        self._rechecks: dict[str, DelayedCall] = {}  # origins with an outage being watched
+        crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self.bytes_received, signal=signals.bytes_received)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RobotsMiddleware:
         return cls(crawler)
 
-    def spider_opened(self, spider: Spider) -> None:
-        self.cache = SharedRobotsCache(self.server, spider.name, self.lock_seconds,
-                                       keep_seconds=2 * self.cache_seconds)
+    def spider_closed(self, spider: Spider) -> None:
+        for call in self._rechecks.values():
+            if call.active():
+                call.cancel()
+        self._rechecks.clear()
 
     def bytes_received(self, data: bytes, request: Request, spider: Spider) -> None:
         """Stop a robots.txt download past the parsing limit and keep what came."""
@@ -199,12 +179,43 @@ class RobotsMiddleware:
                              error=known.dead.error)
         wait = max(known.until - time.monotonic(), 1.0)
         if known.kind == "unreachable" and not known.deferred:
-            known.deferred = True  # queued requests of the host wait in the frontier
-            self.crawler.signals.send_catch_log(wf_signals.host_defer, host=host_of(request.url),
-                                                seconds=wait, source="robots")
+            known.deferred = True
+            self._hold_host(origin, wait)
         self._inc("webfarm/robots/retry_later")
         raise RetryLater(f"robots.txt unavailable ({known.reason})",
                          delay=wait * random.uniform(1.0, 1.1))
+
+    # -- outages: the host waits in the frontier while this worker re-fetches robots.txt ------
+
+    def _hold_host(self, origin: str, wait: float) -> None:
+        """Defer the host past the next robots.txt attempt, which runs in the background:
+        its queued requests stay in the frontier (no attempts spent) until it answers."""
+        margin = max(2.0, 0.1 * wait)
+        self.crawler.signals.send_catch_log(wf_signals.host_defer, host=host_of(origin),
+                                            seconds=wait + margin, source="robots")
+        call = self._rechecks.get(origin)
+        if call is None or not call.active():
+            self._rechecks[origin] = reactor.callLater(wait, self._recheck, origin)
+
+    def _recheck(self, origin: str) -> None:
+        self._rechecks.pop(origin, None)
+        if self.crawler.engine is None or not self.crawler.crawling:
+            return
+        self._inc("webfarm/robots/rechecks")
+        deferred_from_coro(self._recheck_async(origin)).addErrback(
+            lambda f: logger.error("robots.txt re-check of %s failed: %s", origin, f.value))
+
+    async def _recheck_async(self, origin: str) -> None:
+        known = self._known.get(origin)
+        if known is not None and known.until > time.monotonic():
+            if known.kind == "unreachable":  # re-checked meanwhile by a request: still down
+                self._hold_host(origin, max(known.until - time.monotonic(), 1.0))
+            return
+        self._known.pop(origin, None)
+        known, _ = await self._known_for(origin)
+        if known.kind == "unreachable":
+            known.deferred = True
+            self._hold_host(origin, max(known.until - time.monotonic(), 1.0))
 
     async def _known_for(self, origin: str) -> tuple[Known, bool]:
         """This worker's view of ``origin``, and whether this request had to wait for it.
@@ -244,12 +255,12 @@ class RobotsMiddleware:
     # -- loading: Redis first, else fetch under a lock ------------------------------------------
 
     async def _load(self, origin: str) -> Known:
-        record = self._read(origin)
+        record = self.cache.read(origin)
         if record is not None and record.expires > time.time():
             self._inc("webfarm/robots/shared_hits")
             return await self._known_from(origin, record)
         token = token_hex(8)
-        if not self._lock(origin, token):
+        if not self.cache.lock(origin, token):
             waited = await self._wait_for_other(origin, token)
             if isinstance(waited, Known):
                 return waited
@@ -263,11 +274,11 @@ class RobotsMiddleware:
             retry_in = self.retry_delay
             if fetched.retry_after is not None:
                 retry_in = min(max(fetched.retry_after, 1.0), self.retry_after_max)
-            record = next_record(fetched, self._read(origin) or record, time.time(),
+            record = next_record(fetched, self.cache.read(origin) or record, time.time(),
                                  self.cache_seconds, retry_in)
-            self._write(origin, record)
+            self.cache.write(origin, record)
         finally:
-            self._unlock(origin, token)
+            self.cache.unlock(origin, token)
         return await self._known_from(origin, record)
 
     async def _wait_for_other(self, origin: str, token: str) -> Known | Record | None:
@@ -276,12 +287,12 @@ class RobotsMiddleware:
         deadline = time.monotonic() + self.wait_seconds
         while time.monotonic() < deadline:
             await maybe_deferred_to_future(deferLater(reactor, 0.2, lambda: None))
-            record = self._read(origin)
+            record = self.cache.read(origin)
             if record is not None and record.expires > time.time():
                 known = await self._known_from(origin, record)
                 known.burst = True
                 return known
-            if self._lock(origin, token):
+            if self.cache.lock(origin, token):
                 return record
         return Known("busy", time.monotonic() + 1.0,
                      reason="another worker is still fetching it")
@@ -380,22 +391,6 @@ class RobotsMiddleware:
             return Fetched("unreachable", response.status, error=f"HTTP {response.status}",
                            retry_after=parse_retry_after(response.headers.get(b"Retry-After")))
         return Fetched("allow", error=f"more than {MAX_REDIRECTS} redirects (RFC 9309 2.3.1.2)")
-
-    # -- the shared copy (nothing shared before the spider opened) -----------------------------
-
-    def _read(self, origin: str) -> Record | None:
-        return self.cache.read(origin) if self.cache else None
-
-    def _write(self, origin: str, record: Record) -> None:
-        if self.cache:
-            self.cache.write(origin, record)
-
-    def _lock(self, origin: str, token: str) -> bool:
-        return self.cache.lock(origin, token) if self.cache else True
-
-    def _unlock(self, origin: str, token: str) -> None:
-        if self.cache:
-            self.cache.unlock(origin, token)
 
     def _inc(self, key: str) -> None:
         if self.stats is not None:

@@ -227,21 +227,11 @@ def test_disallowed_never_fetched_even_by_the_first_burst_of_two_workers(web, st
     assert cached[b"state"] == b"parsed" and cached[b"body"] == robots.encode()
 
 
-def test_robots_404_allows_all_and_placeholder_agent_warns(web, stores):
-    base = web.base_urls[1]
-    urls = mini_site(web, base)
-    web.route("/robots.txt", Response.text("not here", status=404), host=base)
-    result = run(crawl_args([f"{base}/"]), env(stores))
-    assert sorted(h.path for h in web.hits_for(host=base) if h.path != "/robots.txt") == sorted(
-        u.removeprefix(base) for u in urls)
-    warnings = [line for line in result.output.splitlines() if PLACEHOLDER_HINT in line]
-    assert len(warnings) == 1 and "WARNING" in warnings[0], warnings
-    assert stat(result.output, "webfarm/robots/outcome/allow") == 1
-
-
-def test_robots_500_holds_every_request_until_it_heals(web, stores, tmp_path):
-    base = web.base_urls[0]
+def test_robots_500_holds_every_request_until_it_heals_404_allows_all(web, stores, tmp_path):
+    base, absent = web.base_urls
     urls = mini_site(web, base, pages=3, private=2)
+    absent_urls = mini_site(web, absent)
+    web.route("/robots.txt", Response.text("not here", status=404), host=absent)
     healed = threading.Event()
 
     def robots(info):
@@ -251,15 +241,24 @@ def test_robots_500_holds_every_request_until_it_heals(web, stores, tmp_path):
 
     web.route("/robots.txt", robots, host=base)
     environment = env(stores)
-    proc = runner.popen(crawl_args(urls, "WEBFARM_ROBOTS_RETRY_DELAY=1.5"), environment,
-                        tmp_path / "w.log")
+    proc = runner.popen(crawl_args(urls + [f"{absent}/"], "WEBFARM_ROBOTS_RETRY_DELAY=1.5"),
+                        environment, tmp_path / "w.log")
     try:
         frontier = frontier_of(stores["REDIS_URL"])
-        servers.wait_for(lambda: len(web.hits_for(host=base, path="/robots.txt")) >= 2, 30,
-                         "robots.txt fetched twice")
+        # Longer than WEBFARM_RETRY_TIMES (5) rounds of robots.txt attempts: requests that
+        # spent an attempt per round would be dead letters by now.
+        servers.wait_for(lambda: len(web.hits_for(host=base, path="/robots.txt")) >= 6
+                         and len(web.hits_for(host=absent)) > len(absent_urls), 40,
+                         "six robots.txt attempts and the other host crawled")
+        # Every request of the host is still in the frontier (queued behind the deferred
+        # host, delayed, or leased), none lost or dead, and they went back as retries.
+        def held() -> bool:
+            c = frontier.counts()
+            return c["delayed"] + c["queued"] + c["leased"] == len(urls)
+
+        servers.wait_for(held, 10, "only the held host's requests left in the frontier")
         counts = frontier.counts()
-        assert counts["delayed"] + counts["queued"] + counts["leased"] == len(urls), counts
-        assert counts["delayed"] >= 1 and counts["dead"] == 0, counts
+        assert counts["retried"] >= 1 and counts["dead"] == 0, counts
         assert [h for h in web.hits_for(host=base) if h.path != "/robots.txt"] == []
         healed_at = time.monotonic()
         healed.set()
@@ -272,9 +271,17 @@ def test_robots_500_holds_every_request_until_it_heals(web, stores, tmp_path):
     pages = [h for h in web.hits_for(host=base) if h.path != "/robots.txt"]
     assert pages and min(h.monotonic for h in pages) > healed_at
     assert paths_hit(web, base, "/private/") == []
-    assert stored_urls(stores) == {u for u in urls if "/private/" not in u}
+    assert stored_urls(stores) == {u for u in urls if "/private/" not in u} | set(absent_urls)
     assert frontier.counts()["dead"] == 0 and frontier.is_idle()
     assert stat(log, "webfarm/robots/retry_later") >= 1
+    assert stat(log, "webfarm/robots/rechecks") >= 5  # re-fetched in the background
+    # robots.txt 404: everything of that host was fetched, private pages included.
+    assert sorted(h.path for h in web.hits_for(host=absent) if h.path != "/robots.txt") == sorted(
+        u.removeprefix(absent) for u in absent_urls)
+    assert stat(log, "webfarm/robots/outcome/allow") == 1
+    # No WEBFARM_USER_AGENT: one warning saying how to set it.
+    warnings = [line for line in log.splitlines() if PLACEHOLDER_HINT in line]
+    assert len(warnings) == 1 and "WARNING" in warnings[0], warnings
 
 
 def redirect_chain(web, base: str, hops: int, final: str) -> None:

@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 from protego import Protego
 from scrapy.exceptions import IgnoreRequest
+from scrapy.settings import BaseSettings
 
 from webfarm.exceptions import DeadLetter
 from webfarm.urls import host_of
@@ -47,11 +48,34 @@ Kind = Literal["parse", "redirect", "allow", "unreachable"]
 State = Literal["parsed", "allow", "unreachable"]
 
 _TOKEN = re.compile(r"[A-Za-z_-]+")
+_placeholder_warned = False
 
 
 class RobotsDisallowed(IgnoreRequest):
     """robots.txt forbids this URL: a normal end, acknowledged by the frontier (not
     dead-lettered: a user did not lose anything; ``webfarm/robots/disallowed`` counts them)."""
+
+
+def warn_placeholder_user_agent(settings: BaseSettings) -> None:
+    """Log once per process when the crawler would introduce itself with the placeholder."""
+    global _placeholder_warned
+    agent = settings.get("USER_AGENT") or ""
+    placeholder = settings.get("WEBFARM_USER_AGENT_PLACEHOLDER") or "example.invalid"
+    if _placeholder_warned or (agent != placeholder and "example.invalid" not in agent):
+        return
+    _placeholder_warned = True
+    logger.warning(
+        "USER_AGENT is the placeholder %r: set WEBFARM_USER_AGENT to your crawler's name and "
+        "a contact URL, e.g. WEBFARM_USER_AGENT='acmebot/1.0 (+https://acme.example/bot)'",
+        agent,
+    )
+
+
+def robots_agent(settings: BaseSettings) -> str:
+    """The product token robots.txt groups are matched against."""
+    explicit = (settings.get("WEBFARM_ROBOTS_AGENT") or settings.get("ROBOTSTXT_USER_AGENT")
+                or "").strip()
+    return product_token(explicit or settings.get("USER_AGENT") or "")
 
 
 def classify(status: int) -> Kind:
