@@ -24,6 +24,7 @@ from webfarm.robots import (
     next_record,
     origin_of,
     product_token,
+    robots_agent,
     robots_text,
     verdict,
 )
@@ -50,6 +51,12 @@ def test_status_table(status, kind):
 ])
 def test_product_token(agent, token):
     assert product_token(agent) == token
+
+
+def test_robots_agent_from_settings():
+    assert robots_agent(Settings({"USER_AGENT": UA})) == "mybot"
+    assert robots_agent(Settings({"USER_AGENT": UA, "WEBFARM_ROBOTS_AGENT": "OtherBot"})) == (
+        "otherbot")
 
 
 def test_rules_from_hostile_bodies():

@@ -36,8 +36,10 @@ from webfarm.commands._common import (
     where,
 )
 from webfarm.frontier import Frontier
+from webfarm.monitor import table as monitor_table
 
 DEFAULT_TOP = 20
+DEFAULT_WINDOW = 300.0  # seconds of per-host figures (webfarm.monitor) shown
 
 #: The per-host table: one column per key of a ``per_host`` row of :func:`snapshot`.
 HOST_COLUMNS: list[Column] = [
@@ -147,6 +149,14 @@ class Command(ScrapyCommand):
                             help="print one JSON object instead of tables")
         parser.add_argument("--top", type=int, default=DEFAULT_TOP, metavar="N",
                             help=f"hosts to list (default {DEFAULT_TOP}; 0 = all)")
+        parser.add_argument("--window", type=float, default=DEFAULT_WINDOW, metavar="SECONDS",
+                            help="per-host figures over the last SECONDS (default "
+                                 f"{DEFAULT_WINDOW:.0f})")
+        parser.add_argument("--watch", type=float, nargs="?", const=5.0, metavar="SECONDS",
+                            help="refresh every SECONDS (default 5, at least 0.5) until "
+                                 "Ctrl-C; with --json one object per line")
+        parser.add_argument("--count", type=int, default=0, metavar="N",
+                            help="with --watch: stop after N refreshes (default: never)")
         parser.add_argument("--reset", action="store_true",
                             help="delete this spider's whole frontier")
         parser.add_argument("--yes", action="store_true", help="do not ask before --reset")
@@ -157,6 +167,9 @@ class Command(ScrapyCommand):
         try:
             if opts.top < 0:
                 raise CommandError(f"--top {opts.top}: give 0 (all hosts) or more")
+            if opts.window <= 0 or opts.count < 0 or (opts.watch is not None
+                                                      and opts.watch <= 0):
+                raise CommandError("--window and --watch take seconds > 0, --count 0 or more")
             assert self.settings is not None
             spider_class(self.settings, args[0])
             frontier = open_spider_frontier(self.settings, args[0])
@@ -171,14 +184,28 @@ class Command(ScrapyCommand):
             report(self, exc)
 
     def _show(self, frontier: Frontier, opts: argparse.Namespace) -> None:
-        doc = snapshot(frontier, opts.top)
+        if opts.watch is None:
+            self._show_once(frontier, opts)
+        else:
+            monitor_table.watch(lambda: self._show_once(frontier, opts), opts.watch, opts.count)
+
+    def _show_once(self, frontier: Frontier, opts: argparse.Namespace) -> None:
+        doc = snapshot(frontier)
+        # Per-host figures of the workers (webfarm.monitor), worst hosts first, when any.
+        assert self.settings is not None
+        figures = monitor_table.add_figures(doc, frontier, self.settings, opts.window)
+        if opts.top > 0:
+            doc["per_host"] = doc["per_host"][:opts.top]
         if opts.json:
-            print(json.dumps(doc, indent=2))
+            print(json.dumps(doc, indent=None if opts.watch else 2))
             return
         print(summary(doc))
+        if figures:
+            print("\n".join(monitor_table.summary_lines(doc["monitor"])))
         if doc["per_host"]:
             print()
-            print(host_table(doc["per_host"]))
+            extra = [Column(h, cell, right=r) for h, cell, r in monitor_table.FIGURE_COLUMNS]
+            print(host_table(doc["per_host"], HOST_COLUMNS + extra if figures else None))
             hidden = doc["hosts_listed"] - len(doc["per_host"])
             if hidden > 0:
                 print(f"… and {hidden:,} more hosts (--top 0 lists all)")
