@@ -361,3 +361,38 @@ def test_prometheus_labels_and_worker_memory_stay_bounded_with_many_hosts(redis_
     after = {s.labels["host"]: s.value for f in registry.collect() for s in f.samples
              if s.name == "webfarm_requests_total"}
     assert after["site0.example"] == 11 and len(after) == 6
+
+
+def test_scrapy_frontier_shows_figures_worst_first_json_and_watch(redis_url, receiver, tmp_path):
+    store, frontier = _store_and_frontier(redis_url)
+    now = store.bucket_of(store.now())
+    store.write({(now, "good.example|requests"): 50, (now, "good.example|status:2xx"): 50,
+                 (now, "bad.example|requests"): 40, (now, "bad.example|status:2xx"): 10,
+                 (now, "bad.example|status:4xx"): 25, (now, "bad.example|error:TimeoutError"): 5,
+                 (now, "*|requests"): 90, (now, "*|status:2xx"): 60, (now, "*|status:4xx"): 25,
+                 (now, "*|error:TimeoutError"): 5})
+    frontier.push([Entry("queued.example", 0, f"q{i}".encode(), f"p{i}") for i in range(7)])
+    env = runner.env_for(REDIS_URL=redis_url)
+
+    doc = json.loads(runner.scrapy(["frontier", "generic", "--json"], env, 60).stdout)
+    assert [h["host"] for h in doc["per_host"]] == ["bad.example", "good.example",
+                                                    "queued.example"]
+    bad = doc["per_host"][0]
+    assert bad["success_rate"] == 0.25 and bad["status"]["4xx"] == 25
+    assert bad["errors"] == {"TimeoutError": 5} and bad["queued"] == 0
+    assert doc["per_host"][2]["queued"] == 7 and doc["per_host"][2]["success_rate"] is None
+    assert doc["monitor"]["spider"]["error_count"] == 5 and doc["queued"] == 7
+
+    log = tmp_path / "watch.log"
+    watcher = runner.popen(["frontier", "generic", "--watch", "0.5"], env, log)
+    servers.wait_for(lambda: log.read_text().count("REQ/MIN") >= 2, 60, "two refreshes")
+    watcher.send_signal(signal.SIGINT)
+    assert watcher.wait(30) == 0  # Ctrl-C ends the watch cleanly
+    text = log.read_text()
+    assert "Traceback" not in text
+    table_lines = text.splitlines()
+    header = next(i for i, line in enumerate(table_lines) if line.startswith("HOST"))
+    assert table_lines[header].split()[:5] == ["HOST", "QUEUED", "DELAY", "NEXT", "ALLOWED"]
+    assert "OK%" in table_lines[header] and "4XX" in table_lines[header]
+    assert table_lines[header + 1].split()[0] == "bad.example"
+    assert "25.0" in table_lines[header + 1].split()  # its success rate, in percent
