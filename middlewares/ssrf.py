@@ -8,8 +8,10 @@ resolved off the reactor and cached briefly. Redirects in webfarm go back
 through the frontier and so through this middleware again: every hop is
 checked. A refusal is logged, counted (``webfarm/ssrf/refused``) and raised as
 :class:`~webfarm.exceptions.DeadLetter`, so it lands in the dead-letter queue
-with its reason. ``WEBFARM_ALLOWED_NETWORKS`` lists networks that are allowed
-anyway; ``WEBFARM_SSRF_GUARD=False`` turns the guard off.
+with its reason. A name that does not resolve is a network error, not a refusal:
+``RetryLater`` (``webfarm/ssrf/unresolved``), dead-lettered after the retries.
+``WEBFARM_ALLOWED_NETWORKS`` lists networks that are allowed anyway;
+``WEBFARM_SSRF_GUARD=False`` turns the guard off.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from scrapy.crawler import Crawler
 from scrapy.exceptions import NotConfigured
 from scrapy.statscollectors import StatsCollector
 
-from webfarm.exceptions import DeadLetter
-from webfarm.netguard import NetGuard, NetGuardError
+from webfarm.exceptions import DeadLetter, RetryLater
+from webfarm.netguard import UNRESOLVED, NetGuard, NetGuardError
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,10 @@ class SSRFGuardMiddleware:
         self.stats.inc_value("webfarm/ssrf/checked")
         if reason is None:
             return None
+        if reason.startswith(UNRESOLVED):
+            # Like Scrapy's own DNS errors: retried with backoff, dead-lettered in the end.
+            self.stats.inc_value("webfarm/ssrf/unresolved")
+            raise RetryLater(f"ssrf: {reason}")
         self.stats.inc_value("webfarm/ssrf/refused")
         logger.warning("SSRF guard refused %s: %s", request.url[:300], reason)
         raise DeadLetter(f"ssrf: {reason}")

@@ -59,7 +59,7 @@ def test_check_url_judges_the_resolved_address_and_never_raises():
     results = asyncio.run(check(
         "http://localhost:8080/", "http://[::ffff:7f00:1]/", "http://127.1/",
         "http://x:99999/", "file:///etc/passwd", "gopher://127.0.0.1/", "http:///nohost",
-        None, "data:text/html,<p>hi</p>", "http://no-such-host.invalid/",
+        None, "data:text/html,<p>hi</p>", "http://bad..host/",  # IDNA refuses it: no DNS query
     ))
     assert results[0].startswith("localhost resolves to loopback address 127.0.0.1")
     assert results[1].startswith("loopback (embedded in IPv6)")
@@ -70,7 +70,7 @@ def test_check_url_judges_the_resolved_address_and_never_raises():
     assert "no host" in results[6]
     assert results[7] is not None  # not a URL at all: a reason, not an exception
     assert results[8] is None  # data: never leaves the process
-    assert results[9].startswith("cannot resolve 'no-such-host.invalid'")
+    assert results[9].startswith("cannot resolve 'bad..host'")
     assert asyncio.run(guard("127.0.0.0/8").check_url("http://localhost:1/")) is None
 
 
@@ -88,11 +88,13 @@ def test_crawl_refuses_private_targets_and_redirect_hops(web, stores):
     web.route("/fine", Response.html("<html><body><p>allowed page</p></body></html>"),
               host=allowed)
     starts = [f"{allowed}/hop", f"{allowed}/meta", f"{allowed}/fine", f"{refused}/direct",
-              f"http://[::ffff:127.0.0.3]:{port}/mapped"]
+              f"http://[::ffff:127.0.0.3]:{port}/mapped", f"http://bad..host:{port}/"]
     env = runner.env_for(**stores, WEBFARM_ALLOWED_NETWORKS="127.0.0.2/32")
     result = runner.scrapy(["crawl", "generic", "-a", "start=" + ",".join(starts),
-                            "-a", "domains=127.0.0.2,127.0.0.3,localhost,::ffff:127.0.0.3",
-                            "-a", "max_pages=0"], env, timeout=120)
+                            "-a", "domains=127.0.0.2,127.0.0.3,localhost,::ffff:127.0.0.3,"
+                            "bad..host", "-a", "max_pages=1",
+                            "-s", "WEBFARM_RETRY_TIMES=2", "-s", "WEBFARM_RETRY_BACKOFF_BASE=0.05",
+                            "-s", "WEBFARM_RETRY_BACKOFF_MAX=0.1"], env, timeout=120)
     assert result.returncode == 0, result.output[-3000:]
 
     assert web.hits_for(host=refused) == []  # not one request reached the refused host
@@ -104,8 +106,12 @@ def test_crawl_refuses_private_targets_and_redirect_hops(web, stores):
     assert dead[f"{refused}/direct"].startswith("ssrf: loopback address 127.0.0.3"), dead
     assert dead[f"http://[::ffff:127.0.0.3]:{port}/mapped"].startswith(
         "ssrf: loopback (embedded in IPv6)"), dead
-    assert len(dead) == 4, dead
+    # A name that does not resolve is retried like any DNS error, then dead-lettered.
+    assert dead[f"http://bad..host:{port}/"].startswith(
+        "gave up after 2 attempts: ssrf: cannot resolve 'bad..host'"), dead
+    assert len(dead) == 5, dead
     assert crawlcheck.stat(result.output, "webfarm/ssrf/refused") == 4
+    assert crawlcheck.stat(result.output, "webfarm/ssrf/unresolved") == 2
     assert "SSRF guard refused http://localhost" in result.output
     assert list(crawlcheck.pages(stores)) == [f"{allowed}/fine"]
 

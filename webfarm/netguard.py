@@ -46,6 +46,9 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 NETWORK_SCHEMES = frozenset({"http", "https", "ws", "wss", "ftp"})
 # Schemes that never leave the process (browser subresources): always allowed.
 LOCAL_SCHEMES = frozenset({"data", "blob", "about"})
+# How a reason for a name that does not resolve starts: a DNS failure may pass, so the
+# middleware retries such requests later instead of dead-lettering them at once.
+UNRESOLVED = "cannot resolve"
 _CACHE_SIZE = 4096
 _SCRAPY_PINNING_RESOLVER = "scrapy.resolver.CachingThreadedResolver"
 
@@ -203,10 +206,10 @@ class NetGuard:
             return f"malformed URL {str(url)[:200]!r}: no host"
         try:
             addresses = await self.resolve(host)
-        except OSError as exc:
-            return f"cannot resolve {host!r}: {exc}"
+        except (OSError, UnicodeError, asyncio.TimeoutError) as exc:  # idna rejects bad labels
+            return f"{UNRESOLVED} {host!r}: {exc or type(exc).__name__}"
         if not addresses:
-            return f"cannot resolve {host!r}: no address"
+            return f"{UNRESOLVED} {host!r}: no address"
         literal = _is_ip(host)
         for ip in addresses:
             reason = self.check_ip(ip)
@@ -216,7 +219,8 @@ class NetGuard:
 
     async def resolve(self, host: str) -> list[str]:
         """Every address of ``host`` (an IP literal is itself), cached for
-        ``cache_seconds``; raises ``OSError`` when it does not resolve."""
+        ``cache_seconds``; raises ``OSError`` (or ``UnicodeError`` for a name IDNA
+        rejects) when it does not resolve."""
         host = host.strip("[]").lower()
         try:
             return [str(ipaddress.ip_address(host.split("%", 1)[0]))]
