@@ -138,8 +138,10 @@ class Command(ScrapyCommand):
         return (
             "Show what SPIDER's frontier holds: queued requests in total and per host (most "
             "queued first), hosts ready now, delayed retries, leases in flight, dead letters, "
-            "URLs seen, and each host's delay and next-allowed time. --json prints one object "
-            "for scripts. --reset deletes the whole frontier (queues, seen URLs, dead "
+            "URLs seen, and each host's delay and next-allowed time; with figures from the "
+            "workers (webfarm.monitor), each host's rates, success, status classes, errors, "
+            "latency and bytes over --window, worst hosts first. --watch refreshes. --json "
+            "prints one object for scripts. --reset deletes the whole frontier (queues, seen URLs, dead "
             "letters); it asks first, or needs --yes."
         )
 
