@@ -1,0 +1,106 @@
+"""The example spiders, end to end: real crawls of the test web into MongoDB.
+
+``catalogue`` extracts the shop's products over plain HTTP and upserts them on their
+SKU; ``js_catalogue`` crawls a catalogue that only JavaScript builds, through the
+render ladder's browser rung (Chromium).
+"""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pymongo
+import pytest
+import redis
+
+from tests import runner
+from tests.testweb.jscatalogue import JsCatalogue
+
+ITEM_FIELDS = ("sku", "name", "price_cents", "currency", "category", "url")
+
+
+@pytest.fixture()
+def stores(redis_url, mongo_uri, mongo_db_name, tmp_path):
+    return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db_name,
+            "BLOB_STORE_URI": (tmp_path / "blobs").as_uri()}
+
+
+def crawl(spider: str, start: str, stores: dict, timeout: float = 180) -> str:
+    env = runner.env_for(**stores, WEBFARM_IDLE_TIMEOUT="1")
+    result = runner.scrapy(["crawl", spider, "-a", f"start={start}"], env, timeout)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "Traceback" not in result.output, result.output[-3000:]
+    return result.output
+
+
+def stat(output: str, name: str) -> int:
+    for line in output.splitlines():
+        if f"'{name}':" in line:
+            return int(line.split(":")[-1].strip().rstrip(",}"))
+    return 0
+
+
+def database(stores: dict):
+    return pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+
+
+def test_catalogue_stores_each_product_once_upserted_on_its_sku(web, stores):
+    base = web.base_urls[0]
+    shop = web.shop(base)
+    first = crawl("catalogue", f"{base}/", stores)
+    db = database(stores)
+
+    products = {doc["_id"]: doc for doc in db.products.find()}
+    assert set(products) == set(shop.products)  # every product, once (the key is the SKU)
+    pages = {doc["url"]: doc for doc in db.pages.find()}
+    assert set(pages) == web.expected_pages(base)  # the base class stored every page
+    for sku, product in shop.products.items():
+        doc = products[sku]
+        url = f"{base}/product/{sku}"
+        assert {f: doc[f] for f in ITEM_FIELDS} == {
+            "sku": sku, "name": product.name, "price_cents": product.price_cents,
+            "currency": "USD", "category": shop.categories[product.category].title,
+            "url": url}
+        # Where it came from: the page's URL and content hash, and when.
+        assert doc["source_url"] == url and doc["content_hash"] == pages[url]["content_hash"]
+        assert doc["extracted_at"] is not None and doc["extractor_version"] == "1"
+    assert stat(first, "webfarm/items/created") == len(shop.products)
+
+    # The same crawl again (fresh frontier, same database): nothing changes.
+    redis.Redis.from_url(stores["REDIS_URL"]).flushall()
+    second = crawl("catalogue", f"{base}/", stores)
+    again = {doc["_id"]: doc for doc in db.products.find()}
+    assert set(again) == set(products)
+    for sku, doc in again.items():
+        before = products[sku]
+        assert {k: v for k, v in doc.items() if k != "extracted_at"} == \
+            {k: v for k, v in before.items() if k != "extracted_at"}
+    assert stat(second, "webfarm/items/unchanged") == len(shop.products)
+    assert stat(second, "webfarm/items/created") == stat(second, "webfarm/items/changed") == 0
+
+
+def test_js_catalogue_relies_on_the_browser_rung(web, stores):
+    base = web.base_urls[1]
+    catalogue = JsCatalogue(web.shop(base), count=5).install(web, base)
+    product = catalogue.products[0]
+    with urllib.request.urlopen(f"{base}/js/product/{product.sku}", timeout=10) as resp:
+        source = resp.read().decode()
+    # Over plain HTTP there is nothing to extract: no name, no SKU, no product links.
+    assert product.name not in source and product.sku not in source
+
+    output = crawl("js_catalogue", f"{base}/js/", stores, timeout=240)
+    db = database(stores)
+    products = {doc["_id"]: doc for doc in db.products.find()}
+    assert set(products) == {p.sku for p in catalogue.products}
+    for p in catalogue.products:
+        assert {f: products[p.sku][f] for f in ITEM_FIELDS} == {
+            "sku": p.sku, "name": p.name, "price_cents": p.price_cents, "currency": "USD",
+            "category": catalogue.category_title(p), "url": f"{base}/js/product/{p.sku}"}
+    pages = {doc["url"]: doc for doc in db.pages.find()}
+    expected = {f"{base}/js/"} | {f"{base}/js/product/{p.sku}" for p in catalogue.products}
+    assert set(pages) == expected
+    assert {doc["fetch_method"] for doc in pages.values()} == {"browser"}
+    assert stat(output, "webfarm/render/browser") >= len(expected)
+    # Nothing of the host outside the JavaScript catalogue was fetched.
+    paths = {h.path for h in web.hits_for(host=base)}
+    assert all(p.startswith("/js/") or p == "/robots.txt" for p in paths), paths
