@@ -141,8 +141,8 @@ class Command(ScrapyCommand):
             "URLs seen, and each host's delay and next-allowed time; with figures from the "
             "workers (webfarm.monitor), each host's rates, success, status classes, errors, "
             "latency and bytes over --window, worst hosts first. --watch refreshes. --json "
-            "prints one object for scripts. --reset deletes the whole frontier (queues, seen URLs, dead "
-            "letters); it asks first, or needs --yes."
+            "prints one object for scripts. --reset deletes the whole frontier (queues, seen "
+            "URLs, dead letters); it asks first, or needs --yes."
         )
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
