@@ -110,6 +110,8 @@ class RenderMiddleware:
         self.memory: HostMemory | None = None
         self.spider_mode: str | None = None
         self.check: RenderCheck = None
+        if crawler.spider is not None:  # built before the middlewares: fail before any fetch
+            self._read_spider(crawler.spider)
         self._served: defaultdict[str, int] = defaultdict(int)
         self._no_browser_logged = False
 
@@ -130,12 +132,14 @@ class RenderMiddleware:
         except (ImportError, TypeError, ValueError):
             return False
 
-    def spider_opened(self, spider: Spider) -> None:
-        settings = self.crawler.settings
+    def _read_spider(self, spider: Spider) -> None:
         raw = getattr(spider, "render", None)
         self.spider_mode = parse_mode(raw, f"{spider.name}.render") if raw else None
         self.check = check_render_check(getattr(spider, "render_check", None),
                                         f"{spider.name}.render_check")
+
+    def spider_opened(self, spider: Spider) -> None:
+        settings = self.crawler.settings
         self.memory = HostMemory(
             redis_client(settings), spider.name, self.memory_seconds,
             min_pages=self.min_pages, share=self.share)

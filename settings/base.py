@@ -159,7 +159,10 @@ WEBFARM_PROXY_BROWSER_BYPASS = ""  # Playwright proxy "bypass" list for browser 
 # --- HTTP first, browser when needed (middlewares/render.py, webfarm/render.py) -------
 # Render mode when neither meta["render"], WEBFARM_RENDER_HOSTS nor the spider's `render`
 # says otherwise: auto (HTTP, escalate pages that need JavaScript), http, browser or api.
-WEBFARM_RENDER = _env("WEBFARM_RENDER", "auto")
+WEBFARM_RENDER = _env("WEBFARM_RENDER", "auto").lower()
+if WEBFARM_RENDER not in ("auto", "http", "browser", "api"):
+    raise SystemExit(f"WEBFARM_RENDER={WEBFARM_RENDER!r} is not a render mode; use auto, http, "
+                     "browser or api")
 # Mode per host: "host=mode,host=mode" or JSON {"host": "mode"}; a domain covers subdomains.
 WEBFARM_RENDER_HOSTS = _env("WEBFARM_RENDER_HOSTS")
 WEBFARM_RENDER_MEMORY_SECONDS = _env_float("WEBFARM_RENDER_MEMORY_SECONDS", 21600.0)

@@ -17,6 +17,7 @@ from scrapy.http import Response, TextResponse
 from scrapy.linkextractors import LinkExtractor
 
 from webfarm.items import ItemSource, PageItem, attach_source
+from webfarm.render import check_render_arguments
 from webfarm.urls import host_of
 
 
@@ -72,6 +73,7 @@ class WebfarmSpider(scrapy.Spider):
             raise ValueError(f"max_pages={raw!r} is not a whole number") from None
         if max_pages < 0:
             raise ValueError(f"max_pages={raw!r} must be 0 (no limit) or more")
+        check_render_arguments(spargs)  # -a render=, -a render_check= (RenderConfigError)
         return {"start": start, "domains": _split(spargs.get("domains")), "max_pages": max_pages}
 
     async def start(self) -> AsyncIterator[Any]:

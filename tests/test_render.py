@@ -278,3 +278,15 @@ def test_configuration_errors_are_one_clear_line(tmp_path):
     fake.chmod(0o755)
     assert find_chromium(path=str(tmp_path)) == str(fake)
     assert find_chromium(path=str(tmp_path / "empty")) is None
+
+
+def test_bad_render_modes_stop_the_worker_with_one_line(stores):
+    env = runner.env_for(**stores)
+    bad_arg = runner.scrapy(["crawl", "generic", "-a", "start=http://127.0.0.2:9/",
+                             "-a", "render=fast"], env, 60)
+    assert bad_arg.returncode == 2
+    assert "-a render='fast' is not a render mode; use one of http" in bad_arg.stderr
+    bad_env = runner.scrapy(["crawl", "generic", "-a", "start=http://127.0.0.2:9/"],
+                            {**env, "WEBFARM_RENDER": "fast"}, 60)
+    assert bad_env.returncode != 0 and "Traceback" not in bad_env.output
+    assert "WEBFARM_RENDER='fast' is not a render mode" in bad_env.output

@@ -119,6 +119,14 @@ def check_render_check(check: Any, source: str) -> RenderCheck:
                             f"got {check!r}")
 
 
+def check_render_arguments(spargs: Mapping[str, Any]) -> None:
+    """Validate ``-a render=`` and ``-a render_check=`` before a crawl starts."""
+    if spargs.get("render"):
+        parse_mode(spargs["render"], "-a render")
+    if spargs.get("render_check"):
+        check_render_check(spargs["render_check"], "-a render_check")
+
+
 def visible_text_length(response: TextResponse) -> int:
     text = " ".join(response.xpath(_TEXT_XPATH).getall())
     return len(" ".join(text.split()))
