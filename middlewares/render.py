@@ -107,6 +107,7 @@ class RenderMiddleware:
                                     "unset; set it (and WEBFARM_FETCH_API_KEY) or drop "
                                     "the 'api' mode")
         self.browser_ok = self._has_browser_handler(settings)
+        self._check_contexts(settings)
         self.memory: HostMemory | None = None
         self.spider_mode: str | None = None
         self.check: RenderCheck = None
@@ -121,6 +122,24 @@ class RenderMiddleware:
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
         return mw
+
+    @staticmethod
+    def _check_contexts(settings: Any) -> None:
+        """scrapy-playwright never closes a context, and the proxy middleware opens one per
+        proxy: with fewer allowed than proxies, browser requests would wait for ever."""
+        limit = settings.getint("PLAYWRIGHT_MAX_CONTEXTS") or 0
+        if not limit:
+            return
+        try:
+            from webfarm.proxies import proxies_from_settings
+
+            proxies = len(proxies_from_settings(settings))
+        except Exception:  # noqa: BLE001 - the proxy middleware reports its own errors
+            return
+        if proxies + 1 > limit:
+            logger.warning("PLAYWRIGHT_MAX_CONTEXTS=%d is less than one browser context per "
+                           "proxy (%d) plus one: raise it, or browser pages will stall",
+                           limit, proxies)
 
     @staticmethod
     def _has_browser_handler(settings: Any) -> bool:

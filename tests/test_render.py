@@ -263,7 +263,7 @@ def test_needs_js_signs():
 
 def test_configuration_errors_are_one_clear_line(tmp_path):
     from webfarm.browser import BrowserNotFound, find_chromium
-    from webfarm.render import RenderConfigError, parse_host_modes, parse_mode
+    from webfarm.render import RenderConfigError, mode_for_host, parse_host_modes, parse_mode
 
     with pytest.raises(RenderConfigError, match="'fast' is not a render mode; use one of http"):
         parse_mode("fast", "WEBFARM_RENDER")
@@ -271,6 +271,11 @@ def test_configuration_errors_are_one_clear_line(tmp_path):
         parse_host_modes("shop.example")
     assert parse_host_modes('{"http://Shop.example:8080/": "browser"}') == {
         "shop.example:8080": "browser"}
+    rules = parse_host_modes("example.com=browser, api.example.com:8443=http")
+    assert mode_for_host(rules, "www.example.com") == "browser"  # a domain covers subdomains
+    assert mode_for_host(rules, "api.example.com:8443") == "http"
+    assert mode_for_host(rules, "api.example.com:9000") == "browser"
+    assert mode_for_host(rules, "example.org") is None
     with pytest.raises(BrowserNotFound, match="WEBFARM_CHROMIUM='/no/such' is not an exec"):
         find_chromium("/no/such")
     fake = tmp_path / "chromium-browser"
