@@ -220,6 +220,20 @@ def test_403_mid_crawl_alerts_and_recovers_prometheus_and_table(shops, stores, r
     assert re.search(rf"ERROR: ALERT success_rate \[generic\]: {re.escape(host_of(flaky))}",
                      text), text[-3000:]
     assert "Traceback" not in text, text[-3000:]
+    # Nothing counted is lost: the shared totals (last flush at close) match the worker's
+    # own Scrapy stats.
+    total = MetricsStore(redis.Redis.from_url(stores["REDIS_URL"]), "generic",
+                         bucket_seconds=1).window(600).spider
+    assert total.requests == stat(text, "downloader/request_count") > 0
+    assert total.responses == stat(text, "downloader/response_count")
+    assert total.items == stat(text, "item_scraped_count") > 0
+    assert total.duplicates == stat(text, "webfarm/index/duplicates") > 0  # print pages
+    assert total.status["4xx"] == stat(text, "downloader/response_status_count/403")
+
+
+def stat(log_text: str, name: str) -> int:
+    found = re.findall(rf"'{re.escape(name)}': (\d+)", log_text)
+    return int(found[-1]) if found else 0
 
 
 def test_stalled_crawl_raises_no_progress_and_recovers(shops, stores, receiver, tmp_path):
