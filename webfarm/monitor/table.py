@@ -123,7 +123,7 @@ def _num(value: float) -> str:
         return f"{value / 1e6:.1f}M"
     if value >= 1e4:
         return f"{value / 1e3:.0f}k"
-    return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
+    return f"{value:.0f}" if value == int(value) or value >= 100 else f"{value:.1f}"
 
 
 def _pct(rate: float | None) -> str:
