@@ -290,7 +290,9 @@ class RenderMiddleware:
         return None
 
     async def _via_api(self, request: Request) -> Response:
-        assert self.api is not None, "render mode 'api' without WEBFARM_FETCH_API_URL"
+        if self.api is None:
+            raise DeadLetter("render mode 'api' but WEBFARM_FETCH_API_URL is unset; set it "
+                             "(and WEBFARM_FETCH_API_KEY) or use another mode")
         engine = self.crawler.engine
         assert engine is not None
         try:

@@ -65,6 +65,7 @@ def test_auto_renders_only_pages_that_need_javascript(web, stores, redis_url):
 
     stored = pages(stores)
     assert set(stored) == mixed.all_urls() | app.all_urls()  # links inserted by JS followed too
+    assert {doc["fetch_count"] for doc in stored.values()} == {1}  # none stored twice
     for n in range(6):
         doc = stored[mixed.url(n)]
         assert doc["fetch_method"] == ("browser" if n in (1, 4) else "http"), doc["url"]
