@@ -28,8 +28,9 @@ from tests import runner, servers
 from tests.testweb import Response, TestWeb
 from webfarm.frontier import Entry
 from webfarm.monitor import table
-from webfarm.monitor.alerts import Evaluator, Notifier, Rules
+from webfarm.monitor.alerts import Evaluator, Rules
 from webfarm.monitor.metrics import MetricsStore
+from webfarm.monitor.notify import Notifier
 from webfarm.queue import open_frontier
 from webfarm.urls import host_of
 

@@ -34,8 +34,9 @@ from twisted.internet.task import LoopingCall
 
 from webfarm import fetchapi
 from webfarm.items import PageItem
-from webfarm.monitor.alerts import Evaluator, Notifier, Rules
+from webfarm.monitor.alerts import Evaluator, Rules
 from webfarm.monitor.metrics import MetricsStore, Recorder
+from webfarm.monitor.notify import Notifier
 from webfarm.queue import open_frontier
 from webfarm.redisconn import redis_client
 from webfarm.urls import host_of
