@@ -223,7 +223,8 @@ class RenderMiddleware:
 
     # -- judging what came back --------------------------------------------------------------
 
-    def process_response(self, request: Request, response: Response) -> Request | Response:
+    async def process_response(self, request: Request, response: Response
+                               ) -> Request | Response:
         meta = request.meta
         rung = meta.get(META_RUNG)
         if rung is None or meta.get(META_CALL):
@@ -232,6 +233,12 @@ class RenderMiddleware:
             self.stats.inc_value(f"{PREFIX}/api")
             return response
         if "playwright" in response.flags:
+            if response.url != request.url or meta.get("redirect_urls"):
+                hops = [*(meta.get("redirect_urls") or [])[1:], response.url]
+                refused = await browser.check_hops(hops)
+                if refused is not None:
+                    self.stats.inc_value(f"{PREFIX}/browser_refused")
+                    raise DeadLetter(refused)
             self.stats.inc_value(f"{PREFIX}/browser")
             if meta.get(META_WHY) == "escalated" and not rendering_helped(
                     response, self.check, int(meta.get(META_HTTP_TEXT) or 0)):

@@ -207,11 +207,13 @@ def test_missing_chromium_dead_letters_with_the_reason(web, stores, redis_url, t
     assert "make chromium" in dead[0]["reason"]
 
 
-def test_browser_subresources_pass_the_ssrf_guard_and_useless_renders_count(web, stores):
-    """A rendered page's script from a non-allowed address is never fetched; a page whose
-    app never renders is escalated once and counted as a wrong guess."""
+def test_browser_subresources_pass_the_ssrf_guard_and_useless_renders_count(web, stores,
+                                                                            redis_url):
+    """A rendered page's script from a non-allowed address is never fetched; a browser
+    redirected to one stores nothing and dead-letters the page; a page whose app never
+    renders is escalated once and counted as a wrong guess."""
     with TestWeb(hosts=("127.0.0.5",)) as internal:
-        host = web.base_urls[0]
+        host, browser_host = web.base_urls
         page = ("<!doctype html><html><head><title>t</title>"
                 f'<script src="{internal.base_urls[0]}/admin.js"></script></head><body>'
                 '<div id="app"></div><script>document.getElementById("app").innerHTML = '
@@ -219,14 +221,20 @@ def test_browser_subresources_pass_the_ssrf_guard_and_useless_renders_count(web,
         broken = '<!doctype html><html><body><div id="root"></div></body></html>'
         web.route("/app", Response.html(page), host=host)
         web.route("/broken", Response.html(broken), host=host)
-        env = runner.env_for(**stores, WEBFARM_ALLOWED_NETWORKS="127.0.0.2/31")
-        result = crawl(env, "-a", f"start={host}/app")
+        web.route("/jump", Response(302, {"Location": f"{internal.base_urls[0]}/secret"}),
+                  host=browser_host)
+        env = runner.env_for(**stores, WEBFARM_ALLOWED_NETWORKS="127.0.0.2/31",
+                             WEBFARM_RENDER_HOSTS=f"{browser_host.split('//')[1]}=browser")
+        result = crawl(env, "-a", f"start={host}/app,{browser_host}/jump")
         assert internal.hits_for(path="/admin.js") == []
     stored = pages(stores)
+    assert set(stored) == {f"{host}/app", f"{host}/broken"}  # nothing of /jump's target
     app, broken_doc = stored[f"{host}/app"], stored[f"{host}/broken"]
     assert app["fetch_method"] == "browser" and "content of the app" in body_of(stores, app)
     assert broken_doc["fetch_method"] == "browser"
-    assert stat(result, "webfarm/render/browser_refused") == 1
+    (dead,) = frontier(redis_url).dead_letters()
+    assert dead["reason"].startswith(f"ssrf: browser redirected to {internal.base_urls[0]}")
+    assert stat(result, "webfarm/render/browser_refused") == 2  # the script, the redirect
     assert stat(result, "webfarm/render/escalated") == 2
     assert stat(result, "webfarm/render/wrong_guess") == 1  # /broken: the browser added nothing
 

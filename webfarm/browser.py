@@ -11,8 +11,9 @@ first page needs a browser, so a crawl that never renders pays nothing for it
 (scrapy-playwright would start the driver when the engine starts).
 
 :func:`abort_request` is the ``PLAYWRIGHT_ABORT_REQUEST`` predicate: every
-request the browser makes (the navigation, its redirects' first hop, scripts,
-XHR, images) is checked against the SSRF guard the render middleware installs,
+request the browser makes (the navigation, scripts, XHR, images) is checked
+against the SSRF guard the render middleware installs (a navigation's redirect
+hops, which Playwright's routing does not see, by :func:`check_hops`),
 and resource types listed in ``WEBFARM_BROWSER_SKIP_RESOURCES`` (images, fonts,
 media by default: a crawler needs the DOM, not the pixels) are not fetched.
 """
@@ -160,6 +161,23 @@ def take_refusals() -> list[str]:
     taken = list(_refusals)
     _refusals.clear()
     return taken
+
+
+async def check_hops(urls: Iterable[str]) -> str | None:
+    """Why one of ``urls`` (a browser navigation's redirect hops) is refused, or None.
+
+    Playwright's routing does not see redirect hops, so a page that redirects the
+    browser to a refused address is caught only here, after the hop was made: its
+    content is never stored, but the request happened.
+    """
+    if _guard is None:
+        return None
+    for url in dict.fromkeys(urls):
+        reason = await _guard.check_url(url)
+        if reason is not None:
+            logger.warning("SSRF guard: browser redirected to %s: %s", url, reason)
+            return f"ssrf: browser redirected to {url[:200]}: {reason}"
+    return None
 
 
 async def abort_request(request: PlaywrightRequest) -> bool:
