@@ -176,10 +176,11 @@ def machines(egg, valkey_server, mongo_server, s3_server, tmp_path_factory):
         deploy_env = {**os.environ, "SCRAPYD_USERNAME": USER, "SCRAPYD_PASSWORD": PASSWORD}
 
         def deploy(machine: Scrapyd) -> subprocess.CompletedProcess:
+            # Machine a: build and upload in one go; machine b: upload the egg built before.
+            egg_args = [] if machine.name == "a" else ["--egg", str(egg_path)]
             return subprocess.run(
-                [str(BIN / "scrapyd-deploy"), f"machine_{machine.name}", "--egg", str(egg_path),
-                 "-v", "1"], cwd=project, env=deploy_env, capture_output=True, text=True,
-                timeout=90)
+                [str(BIN / "scrapyd-deploy"), f"machine_{machine.name}", *egg_args, "-v", "1"],
+                cwd=project, env=deploy_env, capture_output=True, text=True, timeout=90)
 
         for proc in at_once(deploy, farm):
             assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -226,14 +227,19 @@ def leases_of(redis_url: str, pid: int) -> int:
     return sum(1 for r in records if r.split(b" ", 1)[0].split(b":")[1] == str(pid).encode())
 
 
-def test_scrapyd_requires_authentication(machines):
+def test_scrapyd_requires_authentication_and_binds_its_address(machines):
     machine = machines[0]
     for auth in (None, (USER, "wrong")):
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(machine.request("daemonstatus.json", auth=auth), timeout=10)
         assert err.value.code == 401
-    assert "webfarm" in machine.api("listprojects.json")["projects"]
-    assert "generic" in machine.api("listspiders.json?project=webfarm")["spiders"]
+    for machine in machines:
+        assert "webfarm" in machine.api("listprojects.json")["projects"]
+        spiders = machine.api("listspiders.json?project=webfarm")["spiders"]
+        assert {"generic", "catalogue", "js_catalogue"} <= set(spiders)
+        # Bound to its own address only (bind_address), not to every interface.
+        assert servers.port_open(machine.address, machine.port)
+        assert not servers.port_open("127.0.0.1", machine.port)
 
 
 def test_two_machines_crawl_both_hosts_once(machines, web, job_settings, redis_url, mongo_uri,
