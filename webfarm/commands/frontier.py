@@ -60,7 +60,10 @@ def snapshot(frontier: Frontier, top: int = 0) -> dict[str, Any]:
     counts = frontier.counts()
     stored_mode = frontier.server.hget(frontier.key("stats"), "dupefilter")
     mode = stored_mode.decode() if stored_mode else frontier.dupefilter
-    memory = frontier.memory() if mode == frontier.dupefilter else {"bytes": 0, "layers": 0}
+    # The mode the frontier was created with wins over this command's DUPEFILTER_CLASS.
+    reader = frontier if mode == frontier.dupefilter else Frontier(
+        frontier.server, frontier.spider, dupefilter=mode)
+    memory = reader.memory()
     hosts = frontier.host_stats()
     return {
         "spider": frontier.spider,
