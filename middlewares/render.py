@@ -97,7 +97,7 @@ class RenderMiddleware:
         self.memory_seconds = settings.getfloat("WEBFARM_RENDER_MEMORY_SECONDS", 21600.0)
         rate = settings.getfloat("WEBFARM_RENDER_PROBE_RATE", 0.05)
         self.probe_period = round(1 / rate) if rate > 0 else 0
-        self.min_text = settings.getint("WEBFARM_RENDER_MIN_TEXT", 200)
+        self.min_text = settings.getint("WEBFARM_RENDER_MIN_TEXT", 50)
         self.min_pages = settings.getint("WEBFARM_RENDER_HOST_MIN_PAGES", 2)
         self.share = settings.getfloat("WEBFARM_RENDER_HOST_SHARE", 0.9)
         self.api = FetchAPI.from_settings(settings)

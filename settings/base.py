@@ -171,7 +171,7 @@ WEBFARM_RENDER_PROBE_RATE = _env_float("WEBFARM_RENDER_PROBE_RATE", 0.05)
 # A host goes browser-first once this many of its pages, and this share of them, needed JS.
 WEBFARM_RENDER_HOST_MIN_PAGES = 2
 WEBFARM_RENDER_HOST_SHARE = 0.9
-WEBFARM_RENDER_MIN_TEXT = 200  # visible characters below which a page with scripts is "empty"
+WEBFARM_RENDER_MIN_TEXT = 50  # visible characters below which a page with scripts is "empty"
 # The browser (scrapy-playwright on a system Chromium, found on PATH or $WEBFARM_CHROMIUM).
 # Only requests with meta["playwright"] use it; the driver starts with the first of them.
 DOWNLOAD_HANDLERS = {

@@ -261,6 +261,12 @@ def test_needs_js_signs():
                     ).startswith("almost no visible text")
     assert needs_js(html_response(f"<body>{words}<script src=a.js></script></body>")) is None
     assert needs_js(html_response("<body><p>Short page, no scripts.</p></body>")) is None
+    # A short page is not an app shell because of analytics or JSON-LD (the test web's
+    # about page: 191 characters and a dataLayer script).
+    short = "<p>" + "About our shop: tools since 1990. " * 4 + "</p>"
+    assert needs_js(html_response(f"<body>{short}<script>dataLayer=[]</script></body>")) is None
+    assert needs_js(html_response('<body><p>Hi</p><script type="application/ld+json">{}'
+                                  "</script></body>")) is None
     assert needs_js(html_response('<body><div id="app"></div></body>', status=404)) is None
     # A spider's check replaces the built-in signs.
     assert needs_js(html_response(f"<body>{words}</body>"), "span.price") \

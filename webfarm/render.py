@@ -35,6 +35,9 @@ _APP_ROOTS = " or ".join(f"@id='{i}'" for i in APP_ROOT_IDS)
 _EMPTY_ROOT_XPATH = f"//body//*[({_APP_ROOTS}) and not(*) and normalize-space()='']/@id"
 _TEXT_XPATH = ("//body//text()[not(ancestor::script or ancestor::style or ancestor::noscript"
                " or ancestor::template)]")
+# Scripts that run (not JSON-LD or templates).
+_CODE_XPATH = ("//script[not(@type) or normalize-space(@type)='' or @type='module'"
+               " or contains(translate(@type, 'JAVASCRIPT', 'javascript'), 'javascript')]")
 _NOSCRIPT_JS = re.compile(
     r"(enable|turn on|activate|allow|requires?|need|needs|switch on)\W+(\w+\W+){0,3}?javascript"
     r"|javascript\W+(is\W+|must be\W+)?(required|disabled|needed|turned off|enabled)",
@@ -140,7 +143,7 @@ def judgeable(response: Response) -> bool:
     return "html" in content_type or not content_type
 
 
-def needs_js(response: Response, check: RenderCheck = None, min_text: int = 200,
+def needs_js(response: Response, check: RenderCheck = None, min_text: int = 50,
              rendered: bool = False) -> str | None:
     """Why ``response`` (a plain HTTP fetch) is not the page a browser would show, or None.
 
@@ -166,7 +169,7 @@ def needs_js(response: Response, check: RenderCheck = None, min_text: int = 200,
         noscript = " ".join(response.xpath("//noscript//text()").getall())
         if _NOSCRIPT_JS.search(noscript):
             return "noscript asks for JavaScript"
-    if text < min_text and response.xpath("//script").get() is not None:
+    if text < min_text and response.xpath(_CODE_XPATH).get() is not None:
         return f"almost no visible text ({text} characters)"
     return None
 
