@@ -39,6 +39,7 @@ from webfarm.urls import canonical_url
 BIN = Path(sys.executable).parent
 USER = "webfarm"
 PASSWORD = secrets.token_urlsafe(18)
+USER_AGENT = "webfarm-scrapyd-test/1.0 (+https://example.invalid/bot)"
 DELAY = 0.1  # WEBFARM_HOST_DELAY of the jobs: a crawl of the test web lasts ~9 s
 SKIP = shutil.ignore_patterns(".venv", ".webfarm", ".git", "build", "*.egg-info", "__pycache__",
                               ".pytest_cache", ".ruff_cache", "tests")
@@ -156,7 +157,8 @@ def machines(egg, valkey_server, mongo_server, s3_server, tmp_path_factory):
     """Two scrapyd servers on 127.0.0.11 and 127.0.0.12, the egg deployed to both."""
     project, egg_path = egg
     env = runner.env_for(REDIS_URL=valkey_server.url, MONGO_URI=mongo_server.url,
-                         AWS_ENDPOINT_URL=s3_server.url, WEBFARM_IDLE_TIMEOUT="3")
+                         AWS_ENDPOINT_URL=s3_server.url, WEBFARM_IDLE_TIMEOUT="3",
+                         WEBFARM_USER_AGENT=USER_AGENT)
     for name in ("SCRAPYD_USERNAME", "SCRAPYD_PASSWORD"):
         env.pop(name, None)
     folder = tmp_path_factory.mktemp("machines")
@@ -262,6 +264,8 @@ def test_two_machines_crawl_both_hosts_once(machines, web, job_settings, redis_u
         fetched = collections.Counter(page_hits(web, base))
         assert set(fetched) == web.expected_pages(base)
         assert max(fetched.values()) == 1, [u for u, n in fetched.items() if n > 1]
+        # scrapyd's environment reached the jobs (WEBFARM_USER_AGENT, like REDIS_URL).
+        assert {h.headers.get("user-agent") for h in web.hits_for(host=base)} == {USER_AGENT}
         # WEBFARM_HOST_DELAY came with -d setting= (scrapyd's environment says 0) and the
         # two machines kept it together: hand-outs per host are at least that far apart
         # (arrivals jitter by a few ms, so the whole span is measured).
