@@ -15,7 +15,9 @@ for its host, then the spider's ``render`` attribute (``-a render=``), then
   (:class:`webfarm.render.HostMemory`): once a host's pages mostly need
   JavaScript, its later pages go straight to the browser, except one in
   ``1/WEBFARM_RENDER_PROBE_RATE`` that is probed over HTTP again, so a host
-  that stops needing the browser is noticed and flips back.
+  that stops needing the browser is noticed and flips back. A host where the
+  browser failed and the fetch API delivered goes straight to the API the same
+  way.
 
 A browser fetch that fails goes to the fetch API when one is configured
 (``WEBFARM_FETCH_API_URL``); otherwise the usual retry policy applies. The API
@@ -199,12 +201,15 @@ class RenderMiddleware:
             return "http", "mode"
         host = host_of(request.url)
         assert self.memory is not None
-        if self.memory.mode(host) != "browser":
+        remembered = self.memory.mode(host)
+        if remembered not in ("browser", "api"):
             return "http", "auto"
         self._served[host] += 1
         if self.probe_period and self._served[host] % self.probe_period == 0:
             self.stats.inc_value(f"{PREFIX}/probes")
             return "http", "probe"
+        if remembered == "api" and self.api is not None:
+            return "api", "memory"
         return "browser", "memory"
 
     async def process_request(self, request: Request) -> Response | None:
@@ -240,6 +245,10 @@ class RenderMiddleware:
                     self.stats.inc_value(f"{PREFIX}/browser_refused")
                     raise DeadLetter(refused)
             self.stats.inc_value(f"{PREFIX}/browser")
+            if meta.get(META_WHY) == "escalated" and self.memory is not None:
+                host = host_of(request.url)
+                if self.memory.mode(host) == "api":  # the browser works for it again
+                    self.memory.remember(host, "browser")
             if meta.get(META_WHY) == "escalated" and not rendering_helped(
                     response, self.check, int(meta.get(META_HTTP_TEXT) or 0)):
                 self.stats.inc_value(f"{PREFIX}/wrong_guess")
@@ -291,7 +300,10 @@ class RenderMiddleware:
                         request.url, type(exception).__name__)
             meta.pop("playwright", None)
             meta[META_RUNG], meta[META_WHY] = "api", "browser_failed"
-            return await self._via_api(request)
+            page = await self._via_api(request)
+            if self.memory is not None and self.mode_of(request) == "auto":
+                self.memory.remember(host_of(request.url), "api")  # skip the browser next
+            return page
         if missing:
             raise DeadLetter(f"needs a browser: {exception}", error="BrowserNotFound")
         return None

@@ -1,7 +1,8 @@
 """A local fetch API that speaks webfarm's contract (stdlib only), for tests and benches.
 
 ``POST /`` with ``Authorization: Bearer KEY`` and ``{"url": URL, "format": "html"}``:
-fetches URL itself (a plain GET, following redirects) and answers
+fetches URL itself (a plain GET, following redirects, naming itself a rendering
+service so the test web's JS pages answer as rendered) and answers
 ``{"status": int, "url": final_url, "headers": {...}, "content": str}``.
 Misbehaviour for tests: ``fail_first[url] = n`` answers 503 to the first ``n``
 calls for ``url``; ``bad_json`` lists URLs answered with broken JSON. ``calls``
@@ -17,6 +18,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from tests import servers
+from tests.testweb.jspages import RENDERING_AGENT
 
 
 class FetchAPIServer:
@@ -94,8 +96,9 @@ class FetchAPIServer:
 
 def fetch(url: str) -> dict:
     """What the API saw at ``url``: status, final URL, headers, text."""
+    request = urllib.request.Request(url, headers={"User-Agent": f"{RENDERING_AGENT}/1.0"})
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        with urllib.request.urlopen(request, timeout=10) as resp:
             status, final, headers, body = resp.status, resp.url, resp.headers, resp.read()
     except urllib.error.HTTPError as err:
         status, final, headers, body = err.code, url, err.headers, err.read()

@@ -180,17 +180,30 @@ def test_fetch_api_hosts_go_through_the_api(web, stores, redis_url):
     assert key not in repr(list(stored.values()))
 
 
-def test_browser_failure_falls_back_to_the_api(web, stores, redis_url):
-    """No Chromium: one clear line; with the API on, the pages still arrive."""
+def test_browser_failure_falls_back_to_the_api_and_is_remembered(web, stores, redis_url):
+    """No Chromium: one clear line; the fetch API delivers the page, and the host's
+    later pages go straight to the API (neither an HTTP try nor the browser)."""
     key = f"sk-{uuid.uuid4().hex}"
-    site = JsSite(pages=2, is_js=lambda n: False).install(web, web.base_urls[1])
+    site = JsSite(pages=4).install(web, web.base_urls[1])
     with FetchAPIServer(key) as api:
         env = runner.env_for(**stores, WEBFARM_FETCH_API_URL=api.url, WEBFARM_FETCH_API_KEY=key,
-                             WEBFARM_CHROMIUM="/nonexistent/chromium")
-        result = crawl(env, "-a", f"start={site.url()}", "-a", "render=browser")
+                             WEBFARM_CHROMIUM="/nonexistent/chromium",
+                             WEBFARM_RENDER_PROBE_RATE="0")
+        # Start at a JS page: its links exist only once it is rendered, so the others
+        # are found after the host's rung was learned.
+        result = crawl(env, "-a", f"start={site.url(0)}")
+        calls = [u for u, _ in api.calls]
     stored = pages(stores)
-    assert {d["fetch_method"] for d in stored.values()} == {"api"} and len(stored) == 3
-    assert stat(result, "webfarm/render/browser_failed") == 3
+    assert set(stored) == {site.url(n) for n in range(4)}
+    assert {d["fetch_method"] for d in stored.values()} == {"api"}
+    assert sorted(calls) == sorted(stored)  # one API call per page
+    crawler_hits = [h.path for h in web.hits_for(host=site.host)
+                    if "webfarm" in h.headers.get("user-agent", "") and h.path != "/robots.txt"]
+    assert crawler_hits == [site.path(0)]  # only the first page was tried over HTTP
+    assert stat(result, "webfarm/render/browser_failed") == 1
+    assert stat(result, "webfarm/render/escalated") == 1
+    assert redis.Redis.from_url(redis_url).hget(
+        f"webfarm:{{generic}}:render:{site.host.split('//')[1]}", "mode") == b"api"
     assert result.output.count("WEBFARM_CHROMIUM='/nonexistent/chromium' is not an executable "
                                "file; fix it or unset it") == 1
 

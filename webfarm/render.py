@@ -192,9 +192,9 @@ local js = tonumber(redis.call('HGET', KEYS[1], 'js') or '0')
 local ok = tonumber(redis.call('HGET', KEYS[1], 'ok') or '0')
 local mode = redis.call('HGET', KEYS[1], 'mode') or 'http'
 if ARGV[1] == 'js' then js = js + 1 else ok = ok + 1 end
-if mode == 'browser' and ARGV[1] == 'ok' then
+if mode ~= 'http' and ARGV[1] == 'ok' then
   mode = 'http'; js = 0; ok = 1
-elseif mode ~= 'browser' and js >= tonumber(ARGV[3]) and js >= tonumber(ARGV[4]) * (js + ok) then
+elseif mode == 'http' and js >= tonumber(ARGV[3]) and js >= tonumber(ARGV[4]) * (js + ok) then
   mode = 'browser'
 end
 if js + ok > 50 then js = math.floor(js / 2); ok = math.floor(ok / 2) end
@@ -211,7 +211,8 @@ class HostMemory:
     JavaScript or it did not. A host is sent to the browser once at least
     ``min_pages`` of its pages needed it and they are at least ``share`` of
     those seen (a shop where one page in five is a JS widget stays on HTTP);
-    one HTTP probe that turns out fine flips it back. The key expires
+    a host where the browser failed and the fetch API delivered is sent to the
+    API. One HTTP probe that turns out fine flips either back. The key expires
     ``seconds`` after the last observation. Workers keep what they read for
     ``cache_seconds`` to spare Redis a round trip per request.
     """
@@ -232,7 +233,7 @@ class HostMemory:
         return self.prefix + host
 
     def mode(self, host: str) -> str:
-        """``browser`` if the host is remembered as needing one, else ``http``."""
+        """The rung ``host`` is remembered to need: ``http``, ``browser`` or ``api``."""
         now = time.monotonic()
         cached = self._cache.get(host)
         if cached is not None and cached[0] > now:
@@ -260,6 +261,18 @@ class HostMemory:
         self._cache[host] = (time.monotonic() + self.cache_seconds, mode)
         self._down_logged = False
         return mode
+
+    def remember(self, host: str, mode: str) -> None:
+        """Set ``host``'s rung outright: ``api`` after the browser failed and the fetch
+        API delivered, ``browser`` when the browser works for it again."""
+        try:
+            pipe = self.server.pipeline(transaction=True)
+            pipe.hset(self.key(host), "mode", mode)
+            pipe.pexpire(self.key(host), self.ttl_ms)
+            pipe.execute()
+        except REDIS_ERRORS as exc:
+            self._redis_down(exc)
+        self._cache[host] = (time.monotonic() + self.cache_seconds, mode)
 
     def _redis_down(self, exc: Exception) -> None:
         if not self._down_logged:

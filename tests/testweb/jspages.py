@@ -14,6 +14,8 @@ pages ``<prefix>p/<n>``. Page ``n`` is a JavaScript page when ``is_js(n)``:
 Every JavaScript page also loads ``/static/app.js?page=<path>``, which only a
 browser fetches: its hits count renders per page (:meth:`JsSite.renders`).
 ``js`` can be switched off while serving (the host "stops needing JavaScript").
+A client whose User-Agent contains ``RENDERING_AGENT`` (the test fetch API, which
+stands for a rendering service) gets the rendered page.
 The rendered DOM of a JS page and the static page of the same ``n`` carry the
 same marker text ``content of page <n>``.
 """
@@ -27,6 +29,9 @@ from urllib.parse import parse_qs
 
 from tests.testweb.server import RequestInfo, Response, TestWeb
 
+# A rendering fetch API (tests/fetchapiserver.py) cannot run scripts; it names itself with
+# this User-Agent and gets what a browser would end up with.
+RENDERING_AGENT = "fetchapi-test"
 FILLER = ("This shop sells sturdy hand tools, garden supplies and spare parts. Orders ship "
           "within two working days; returns are accepted for thirty days. ") * 3
 
@@ -91,8 +96,9 @@ class JsSite:
         if not 0 <= n < self.pages:
             return None
         links = [self.path(m) for m in (n + 1, n + 2) if m < self.pages]
+        rendered = RENDERING_AGENT in info.headers.get("user-agent", "")
         return self._page(path, f"Page {n}", f"content of page {n}", links,
-                          js=self.js and self.is_js(n))
+                          js=self.js and self.is_js(n) and not rendered)
 
     def _page(self, path: str, title: str, marker: str, links: list[str], js: bool) -> Response:
         anchors = "".join(f'<li><a href="{html.escape(u)}">{html.escape(u)}</a></li>'
