@@ -4,7 +4,8 @@ Scrapy's AutoThrottle slows one worker's download slot; ten workers would
 still hit a slow site ten times as hard. Here each response's latency moves
 the host's delay by the same rule (target = latency / target concurrency;
 new = mean of old and target; never below the base delay or above the maximum;
-errors never lower it) and the result is sent as a ``host_delay`` signal, which
+errors never lower it; browser and fetch-API responses are skipped, since their
+time is mostly rendering, not the server) and the result is sent as a ``host_delay`` signal, which
 the frontier scheduler stores in Redis where it gates every worker.
 """
 
@@ -45,6 +46,8 @@ class HostThrottle:
         latency = request.meta.get("download_latency")
         if latency is None or request.meta.get("autothrottle_dont_adjust_delay"):
             return
+        if request.meta.get("playwright") or {"playwright", "fetch-api"} & set(response.flags):
+            return  # render time, not server latency
         host = host_of(request.url)
         first = host not in self.delays
         old = self.delays.get(host, self.min_delay)
