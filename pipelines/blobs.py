@@ -28,7 +28,7 @@ class BlobStorePipeline:
     """
 
     def __init__(self, store: BlobStore, stats: StatsCollector, threads: StorageThreads,
-                 concurrency: int = 4, retry_seconds: float = 300.0) -> None:
+                 concurrency: int = 8, retry_seconds: float = 300.0) -> None:
         self.store = store
         self.stats = stats
         self.threads = threads
@@ -42,11 +42,11 @@ class BlobStorePipeline:
         store = open_blob_store(
             config.blob_uri(settings), endpoint_url=settings.get("AWS_ENDPOINT_URL") or None,
             max_attempts=settings.getint("WEBFARM_S3_MAX_ATTEMPTS", 5),
-            max_connections=settings.getint("WEBFARM_BLOB_CONCURRENCY", 4),
+            max_connections=settings.getint("WEBFARM_BLOB_CONCURRENCY", 8),
         )
         assert crawler.stats is not None
         return cls(store, crawler.stats, storage_threads(crawler),
-                   settings.getint("WEBFARM_BLOB_CONCURRENCY", 4),
+                   settings.getint("WEBFARM_BLOB_CONCURRENCY", 8),
                    settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", 300.0))
 
     async def process_item(self, item: Any) -> Any:

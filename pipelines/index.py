@@ -27,13 +27,14 @@ class IndexPipeline:
     def __init__(
         self, store: IndexStore, stats: StatsCollector, threads: StorageThreads,
         batch_size: int = 100, batch_seconds: float = 0.2, retry_seconds: float = 300.0,
+        writers: int = 2,
     ) -> None:
         self.store = store
         self.stats = stats
         self.threads = threads
         self.batcher: Batcher[PageItem, PageRecord] = Batcher(
             self._write, size=batch_size, seconds=batch_seconds, retry_seconds=retry_seconds,
-            what="index write", stats=stats, stat_prefix="webfarm/index",
+            what="index write", stats=stats, stat_prefix="webfarm/index", writers=writers,
         )
 
     @classmethod
@@ -52,6 +53,7 @@ class IndexPipeline:
             settings.getint("WEBFARM_INDEX_BATCH_SIZE", 100),
             settings.getfloat("WEBFARM_INDEX_BATCH_SECONDS", 0.2),
             settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", 300.0),
+            settings.getint("WEBFARM_INDEX_WRITERS", 2),
         )
 
     async def open_spider(self) -> None:

@@ -28,7 +28,7 @@ class ItemStorePipeline:
     def __init__(
         self, crawler: Crawler, store: ItemStore, stats: StatsCollector,
         threads: StorageThreads, hasher: PageHasher, batch_size: int = 100,
-        batch_seconds: float = 0.2, retry_seconds: float = 300.0,
+        batch_seconds: float = 0.2, retry_seconds: float = 300.0, writers: int = 2,
         client: IndexStore | None = None,
     ) -> None:
         self.crawler = crawler
@@ -39,7 +39,7 @@ class ItemStorePipeline:
         self.client = client
         self.batcher: Batcher[ItemEntry, str] = Batcher(
             self._write, size=batch_size, seconds=batch_seconds, retry_seconds=retry_seconds,
-            what="item write", stats=stats, stat_prefix="webfarm/items",
+            what="item write", stats=stats, stat_prefix="webfarm/items", writers=writers,
         )
 
     @classmethod
@@ -54,6 +54,7 @@ class ItemStorePipeline:
             settings.getint("WEBFARM_INDEX_BATCH_SIZE", 100),
             settings.getfloat("WEBFARM_INDEX_BATCH_SECONDS", 0.2),
             settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", 300.0),
+            settings.getint("WEBFARM_INDEX_WRITERS", 2),
             client,
         )
 

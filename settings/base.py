@@ -197,7 +197,7 @@ ITEM_PIPELINES = {
     "pipelines.items.ItemStorePipeline": 600,  # structured items (webfarm/itemstore.py)
 }
 # Threads that run blocking storage calls (boto3, pymongo) off the reactor.
-WEBFARM_STORAGE_THREADS = 8
+WEBFARM_STORAGE_THREADS = 16
 # First refetch interval of a new page, in seconds (the refetch policy moves it later).
 WEBFARM_REFETCH_INTERVAL = _env_float("WEBFARM_REFETCH_INTERVAL", 86400.0)
 # Object computing refetch_interval/next_fetch_at on every fetch (import path; from_crawler);
@@ -222,10 +222,11 @@ WEBFARM_RECRAWL_BATCH = 10_000  # most overdue pages enqueued per round
 # an item is done, and its request acknowledged, only once its batch is written.
 WEBFARM_INDEX_BATCH_SIZE = 100
 WEBFARM_INDEX_BATCH_SECONDS = 0.2
+WEBFARM_INDEX_WRITERS = 2  # batches written at once (pages and items, each)
 # A failing MongoDB/S3 is retried with backoff this long; then the request goes back to the
 # frontier (retried later, nothing acknowledged).
 WEBFARM_STORAGE_RETRY_SECONDS = _env_float("WEBFARM_STORAGE_RETRY_SECONDS", 300.0)
-WEBFARM_BLOB_CONCURRENCY = 4  # blob writes at once (threads and S3 connections they may use)
+WEBFARM_BLOB_CONCURRENCY = 8  # blob writes at once (threads and S3 connections they may use)
 WEBFARM_S3_MAX_ATTEMPTS = 5  # botocore "standard" retry mode attempts per S3 call
 # Near-duplicates: SimHash of the normalised text (off the reactor), recorded within this many
 # bits (<= 3 is found exactly by the 4x16-bit band index; see webfarm/neardup.py).

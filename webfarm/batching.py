@@ -9,9 +9,10 @@ could not be (the request then goes back to the frontier, see
 :meth:`webfarm.scheduler.Scheduler.item_error`).
 
 A batch is written when it holds ``size`` entries or its oldest entry waited
-``seconds``; one batch is written at a time, so while a write runs the next
-batch fills (group commit). A failing store is retried with exponential
-backoff (full jitter) for up to ``retry_seconds``.
+``seconds``; up to ``writers`` batches are written at once (the index's writes
+are safe in any order), and while they are busy the next batch fills (group
+commit). A failing store is retried with exponential backoff (full jitter) for
+up to ``retry_seconds``.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ class Batcher(Generic[E, R]):
     def __init__(
         self, write: Callable[[list[E]], Awaitable[list[R]]], *, size: int, seconds: float,
         retry_seconds: float, what: str, stats: StatsCollector | None = None,
-        stat_prefix: str = "webfarm/storage",
+        stat_prefix: str = "webfarm/storage", writers: int = 1,
     ) -> None:
         self.write = write
         self.size = max(1, size)
@@ -108,9 +109,10 @@ class Batcher(Generic[E, R]):
         self.what = what
         self.stats = stats
         self.stat_prefix = stat_prefix
+        self.writers = max(1, writers)
         self._pending: list[tuple[E, asyncio.Future[R], float]] = []
         self._timer: asyncio.TimerHandle | None = None
-        self._writer: asyncio.Task[None] | None = None
+        self._active: set[asyncio.Future[None]] = set()
 
     async def submit(self, entry: E) -> R:
         """Returns the entry's result once its batch is stored; raises if it never was."""
@@ -122,38 +124,36 @@ class Batcher(Generic[E, R]):
 
     async def flush(self) -> None:
         """Write everything pending now (closing)."""
-        while self._pending or self._writer is not None:
-            if self._writer is None:
-                self._writer = asyncio.ensure_future(self._drain(force=True))
-            await asyncio.shield(self._writer)
+        while self._pending or self._active:
+            if self._pending and len(self._active) < self.writers:
+                self._start()
+                continue
+            await asyncio.wait(set(self._active))
 
     def _due(self) -> bool:
         return len(self._pending) >= self.size or (
             bool(self._pending) and time.monotonic() - self._pending[0][2] >= self.seconds)
 
     def _kick(self) -> None:
-        if self._writer is not None or not self._pending:
-            return
-        if self._due():
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            self._writer = asyncio.ensure_future(self._drain())
-        elif self._timer is None:
+        while self._pending and len(self._active) < self.writers and self._due():
+            self._start()
+        if self._pending and len(self._active) < self.writers and self._timer is None:
             wait = max(0.0, self._pending[0][2] + self.seconds - time.monotonic())
             self._timer = asyncio.get_running_loop().call_later(wait, self._on_timer)
 
-    def _on_timer(self) -> None:
-        self._timer = None
+    def _start(self) -> None:
+        """One batch to a writer (at most ``writers`` batches are written at once)."""
+        batch, self._pending = self._pending[: self.size], self._pending[self.size:]
+        task = asyncio.ensure_future(self._write_batch(batch))
+        self._active.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Future[None]) -> None:
+        self._active.discard(task)
         self._kick()
 
-    async def _drain(self, force: bool = False) -> None:
-        try:
-            while self._pending and (force or self._due()):
-                batch, self._pending = self._pending[: self.size], self._pending[self.size:]
-                await self._write_batch(batch)
-        finally:
-            self._writer = None
+    def _on_timer(self) -> None:
+        self._timer = None
         self._kick()
 
     async def _write_batch(self, batch: list[tuple[E, asyncio.Future[R], float]]) -> None:

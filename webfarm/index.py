@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -39,6 +40,7 @@ from webfarm.urls import canonical_url, url_fingerprint
 PAGE_INDEXES = ("content_hash", "host", "next_fetch_at", "spider")
 CONTENT_INDEXES = ("simhash_bands",)
 APPLIED_KEEP = 64  # recent fetch ids remembered per content (retried $inc are skipped)
+KNOWN_CONTENTS = 100_000  # content hash -> first page id, cached per store
 DUPLICATE_KEY = 11000
 DEFAULT_REFETCH_POLICY = "webfarm.index.FixedRefetch"
 # Response headers kept in ``pages`` (re-parse rebuilds the response from them); never cookies.
@@ -140,6 +142,7 @@ class IndexStore:
         self.contents = self.db["contents"]
         self.refetch: RefetchPolicy = refetch or FixedRefetch()
         self.neardup_distance = neardup_distance
+        self._known: OrderedDict[str, str] = OrderedDict()
 
     def ensure_indexes(self) -> None:
         for name in PAGE_INDEXES:
@@ -183,17 +186,23 @@ class IndexStore:
                records: dict[int, PageRecord]) -> list[int]:
         ids = {i: url_fingerprint(pages[i]["url"]) for i in batch}
         before = {d["_id"]: d for d in self.pages.find({"_id": {"$in": list(ids.values())}})}
-        # 1. contents that are new get their document (url_count moves later).
+        # 1. contents not seen before get their document (url_count moves later).
         inserts: dict[str, UpdateOne] = {}
         for i in batch:
-            page = pages[i]
-            if page.get("content_hash") and not page.get("not_modified"):
-                inserts.setdefault(page["content_hash"], self._content_insert(page, ids[i]))
+            h = pages[i].get("content_hash")
+            if h and not pages[i].get("not_modified") and h not in self._known:
+                inserts.setdefault(h, self._content_insert(pages[i], ids[i]))
         upsert_guarded(self.contents, list(inserts.values()))
-        # 2. who holds each content first, and near-duplicates of new contents.
+        # 2. who holds each content first (never changes: cached), near-duplicates.
         hashes = {pages[i]["content_hash"] for i in batch if pages[i].get("content_hash")}
-        contents = {d["_id"]: d for d in self.contents.find(
-            {"_id": {"$in": list(hashes)}}, {"first_page_id": 1, "simhash": 1, "first_seen": 1})}
+        contents = {h: {"first_page_id": self._known[h]} for h in hashes if h in self._known}
+        if len(contents) < len(hashes):
+            for doc in self.contents.find({"_id": {"$in": sorted(hashes - set(contents))}},
+                                          {"first_page_id": 1}):
+                contents[doc["_id"]] = doc
+                self._known[doc["_id"]] = doc["first_page_id"]
+            while len(self._known) > KNOWN_CONTENTS:
+                self._known.popitem(last=False)
         near = self._near_duplicates(pages, batch, ids, contents)
         # 3. pages, each conditional on the version it was read at.
         ops: list[UpdateOne] = []
@@ -219,13 +228,24 @@ class IndexStore:
         for i in conflicts:
             del records[i]
         # 4. url_count follows the pages that now hold (or left) a content. Guarded by the
-        # fetch id, so re-issuing (a retry, the next write of a page) counts once.
+        # fetch id, so re-issuing (a retry, the next write of a page) counts once; moves
+        # of this batch to one content are one update.
         failed = set(conflicts)
+        fresh: dict[tuple[str, int], list[str]] = {}
         for i in order:
             page, b = pages[i], before.get(ids[i])
             old = (b or {}).get("content_hash")
             if i not in failed and not page.get("not_modified") and old != page["content_hash"]:
-                counts += self._count_ops(page["fetch_id"], old, page["content_hash"])
+                for content, step in ((page["content_hash"], 1), (old, -1)):
+                    if content:
+                        fresh.setdefault((content, step), []).append(
+                            f"{'+' if step > 0 else '-'}{page['fetch_id']}")
+        for (content, step), tags in fresh.items():
+            counts.append(UpdateOne(
+                {"_id": content, "applied": {"$nin": tags}},
+                {"$inc": {"url_count": step * len(tags)},
+                 "$push": {"applied": {"$each": tags, "$slice": -APPLIED_KEEP}}},
+            ))
         if counts:
             self.contents.bulk_write(counts, ordered=False)
         return conflicts

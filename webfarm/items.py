@@ -11,14 +11,20 @@ take undeclared fields and an item pipeline receives only the item.
 from __future__ import annotations
 
 import asyncio
-import uuid
+import itertools
+import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+_PROCESS = os.urandom(8).hex()
+_COUNTER = itertools.count()
+
 
 def _fetch_id() -> str:
-    return uuid.uuid4().hex
+    """Unique per fetch across workers: a random per-process prefix and a counter (cheaper
+    than a uuid4 per page; reset after fork is not an issue, workers do not fork)."""
+    return f"{_PROCESS}{next(_COUNTER):x}"
 
 
 @dataclass

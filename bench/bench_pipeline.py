@@ -1,0 +1,214 @@
+"""The full storage pipeline vs bare Scrapy vs stock scrapy-redis, crawling the same test web.
+
+Run: ``.venv/bin/python bench/bench_pipeline.py [--quick] [--runs N] [--products N]``
+(default: 3 runs of each setup, ~1000 pages a crawl, about 3 minutes).
+
+It starts the test web (a subprocess, ``python -m tests.testweb``), Valkey and
+SecantusDB (tests/servers.py) and crawls one host with the ``test_products``
+spider (tests/spiders: stores every page and extracts 3 items per product page)
+in three setups, each a fresh process (a fresh reactor):
+
+* **webfarm**: the project as deployed: Redis frontier (leases, per-host queues,
+  Bloom dedupe), content hash + SimHash, blob store (files), MongoDB bulk
+  index writes, item store;
+* **bare Scrapy**: the same spider and downloader middlewares with Scrapy's
+  in-memory scheduler and dupefilter and no item pipelines;
+* **scrapy-redis**: stock ``scrapy_redis.scheduler.Scheduler`` with its
+  ``PriorityQueue`` and ``RFPDupeFilter`` (pickle serialisation), no pipelines;
+* **storage only** / **frontier only**: the two halves of webfarm apart (Scrapy's
+  scheduler with webfarm's pipelines; webfarm's frontier with no pipelines), to
+  show which half costs what.
+
+Pages/second counts from the first response to the last item done (start-up and
+the idle wait at the end excluded). ``WEBFARM_HOST_DELAY=0``; 4 shops (hosts), as
+politeness is per host. scrapy-redis fetches more pages: its dupefilter does not
+drop tracking parameters (pages/s is per page fetched and processed). Then it
+re-parses the stored pages with ``scrapy reparse`` and prints its pages/second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SETUPS = ("webfarm", "bare Scrapy", "scrapy-redis", "storage only", "frontier only")
+SPIDER = "test_products"
+
+
+def overrides(setup: str) -> dict[str, object]:
+    common: dict[str, object] = {"SPIDER_MODULES": ["spiders", "tests.spiders"],
+                                 "LOG_LEVEL": "WARNING", "WEBFARM_HOST_DELAY": 0.0,
+                                 "WEBFARM_IDLE_TIMEOUT": 1.0}
+    bare = {"SCHEDULER": "scrapy.core.scheduler.Scheduler",
+            "DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter"}
+    if setup == "bare Scrapy":
+        return {**common, **bare, "ITEM_PIPELINES": {}}
+    if setup == "storage only":  # Scrapy's scheduler + webfarm's storage pipelines
+        return {**common, **bare}
+    if setup == "frontier only":  # webfarm's frontier, no pipelines
+        return {**common, "SCHEDULER_FLUSH_ON_START": True, "ITEM_PIPELINES": {}}
+    if setup == "scrapy-redis":
+        return {**common, "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
+                "SCHEDULER_QUEUE_CLASS": "scrapy_redis.queue.PriorityQueue",
+                "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+                "SCHEDULER_QUEUE_KEY": "%(spider)s:requests",
+                "SCHEDULER_DUPEFILTER_KEY": "%(spider)s:dupefilter",
+                "SCHEDULER_SERIALIZER": "scrapy_redis.picklecompat",
+                "SCHEDULER_FLUSH_ON_START": True, "SCHEDULER_PERSIST": False,
+                "ITEM_PIPELINES": {}}
+    return {**common, "SCHEDULER_FLUSH_ON_START": True}
+
+
+def child(setup: str, start: str) -> None:
+    """One crawl in this process; prints one JSON line with pages and seconds."""
+    from scrapy import signals
+    from scrapy.crawler import CrawlerProcess
+    from scrapy.utils.project import get_project_settings
+
+    from webfarm.items import PageItem
+
+    settings = get_project_settings()
+    settings.setdict(overrides(setup), priority="cmdline")
+    process = CrawlerProcess(settings)
+    crawler = process.create_crawler(SPIDER)
+    marks = {"first": None, "last": None, "pages": 0, "items": 0, "cpu0": 0.0, "cpu1": 0.0}
+
+    def response_received(**kw: object) -> None:
+        if marks["first"] is None:
+            marks["first"] = time.perf_counter()
+            marks["cpu0"] = time.process_time()
+
+    def item_scraped(item: object, **kw: object) -> None:
+        marks["last"] = time.perf_counter()
+        marks["cpu1"] = time.process_time()
+        marks["pages" if isinstance(item, PageItem) else "items"] += 1
+
+    crawler.signals.connect(response_received, signal=signals.response_received)
+    crawler.signals.connect(item_scraped, signal=signals.item_scraped)
+    process.crawl(crawler, start=start)
+    process.start()
+    seconds = (marks["last"] or 0) - (marks["first"] or 0)
+    cpu = marks["cpu1"] - marks["cpu0"]
+    print(json.dumps({"pages": marks["pages"], "items": marks["items"], "seconds": seconds,
+                      "cpu_ms": 1000 * cpu / max(1, marks["pages"]),
+                      "errors": crawler.stats.get_value("log_count/ERROR", 0),
+                      "item_errors": crawler.stats.get_value("webfarm/items/gave_up", 0)}))
+
+
+def run_child(setup: str, start: str, env: dict[str, str]) -> dict[str, float]:
+    proc = subprocess.run([sys.executable, __file__, "--child", setup, "--start", start],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"{setup} crawl failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--products", type=int, default=30, help="products per category")
+    parser.add_argument("--categories", type=int, default=3)
+    parser.add_argument("--hosts", type=int, default=4, help="shops on 127.0.0.2, .3, ...")
+    parser.add_argument("--quick", action="store_true", help="1 run each, a smaller shop")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--start", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child, args.start)
+        return 0
+    if args.quick:
+        args.runs, args.hosts = 1, 2
+
+    import pymongo
+    import redis
+
+    from tests import servers
+
+    tmp = Path(tempfile.mkdtemp(prefix="wf-bench-pipeline-"))
+    valkey = servers.valkey(tmp / "valkey").start()
+    mongo = servers.secantus(tmp / "mongo").start()
+    hosts = [f"127.0.0.{2 + i}" for i in range(args.hosts)]
+    web = subprocess.Popen(
+        [sys.executable, "-m", "tests.testweb", *(a for h in hosts for a in ("--host", h)),
+         "--categories", str(args.categories), "--products", str(args.products)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        start = ",".join(u + "/" for u in json.loads(web.stdout.readline())["base_urls"])
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("SCRAPY_SETTINGS_MODULE", "http_proxy", "https_proxy")}
+        env.update(REDIS_URL=valkey.url, MONGO_URI=mongo.url, WEBFARM_HOST_DELAY="0",
+                   WEBFARM_ALLOWED_NETWORKS="127.0.0.0/8", WEBFARM_IDLE_TIMEOUT="1")
+        results: dict[str, list[dict[str, float]]] = {s: [] for s in SETUPS}
+        reparse: list[float] = []
+        print(f"test web: {args.hosts} shops x {args.categories} categories x {args.products} "
+              f"products; {args.runs} runs of each setup, interleaved", flush=True)
+        for run in range(args.runs):
+            for setup in SETUPS:
+                db = f"bench{run}"
+                run_env = {**env, "MONGO_DATABASE": db,
+                           "BLOB_STORE_URI": (tmp / f"blobs{run}").as_uri()}
+                redis.Redis.from_url(valkey.url).flushall()
+                pymongo.MongoClient(mongo.url).drop_database(db)
+                r = run_child(setup, start, run_env)
+                results[setup].append(r)
+                print(f"  run {run + 1} {setup:12s} {r['pages']:5d} pages "
+                      f"{r['pages'] / r['seconds']:7.1f} pages/s", flush=True)
+                if setup == "webfarm":
+                    reparse.append(run_reparse(run_env))
+                    print(f"  run {run + 1} re-parse     {reparse[-1]:7.1f} pages/s",
+                          flush=True)
+        report(results, reparse)
+    finally:
+        web.terminate()
+        web.wait(10)
+        mongo.stop()
+        valkey.stop()
+        servers.remove_tree(tmp)
+    return 0
+
+
+def run_reparse(env: dict[str, str]) -> float:
+    proc = subprocess.run(
+        [sys.executable, "-m", "scrapy", "reparse", SPIDER, "-s",
+         "SPIDER_MODULES=spiders,tests.spiders", "--progress-every", "1000000"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    found = re.search(r"\((\d+) pages/s\)", proc.stdout)
+    if proc.returncode or not found:
+        raise RuntimeError(f"reparse failed: {proc.stdout[-1000:]} {proc.stderr[-2000:]}")
+    return float(found.group(1))
+
+
+def report(results: dict[str, list[dict[str, float]]], reparse: list[float]) -> None:
+    rates = {s: statistics.median(r["pages"] / r["seconds"] for r in rs)
+             for s, rs in results.items()}
+    pages = {s: statistics.median(r["pages"] for r in rs) for s, rs in results.items()}
+    cpu = {s: statistics.median(r["cpu_ms"] for r in rs) for s, rs in results.items()}
+    bare = rates["bare Scrapy"]
+    print("\nmedian of runs (pages/s from first response to last item stored; worker CPU: "
+          "the crawling process's own CPU time per page, servers excluded)")
+    print(f"{'setup':14s} {'pages':>6s} {'pages/s':>9s} {'vs bare':>8s} {'worker CPU':>11s}")
+    for setup in SETUPS:
+        print(f"{setup:14s} {pages[setup]:6.0f} {rates[setup]:9.1f} {rates[setup] / bare:7.2f}x "
+              f"{cpu[setup]:8.1f} ms")
+    print(f"{'re-parse':14s} {pages['webfarm']:6.0f} {statistics.median(reparse):9.1f} "
+          f"{statistics.median(reparse) / bare:7.2f}x")
+    for name in ("webfarm", "storage only"):
+        verdict = "meets" if rates[name] >= 0.8 * bare else "MISSES"
+        print(f"{name} / bare Scrapy = {rates[name] / bare:.2f} ({verdict} the 0.8x target)")
+    print(f"webfarm / scrapy-redis = {rates['webfarm'] / rates['scrapy-redis']:.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
