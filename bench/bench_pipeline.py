@@ -21,7 +21,8 @@ in three setups, each a fresh process (a fresh reactor):
 
 Pages/second counts from the first response to the last item done (start-up and
 the idle wait at the end excluded). ``WEBFARM_HOST_DELAY=0``; 4 shops (hosts), as
-politeness is per host. scrapy-redis fetches more pages: its dupefilter does not
+politeness is per host; monitoring (WEBFARM_METRICS) off in every setup, the
+rest of the fetch layer on in every setup. scrapy-redis fetches more pages: its dupefilter does not
 drop tracking parameters (pages/s is per page fetched and processed). Then it
 re-parses the stored pages with ``scrapy reparse`` and prints its pages/second.
 """
@@ -49,7 +50,9 @@ SPIDER = "test_products"
 def overrides(setup: str) -> dict[str, object]:
     common: dict[str, object] = {"SPIDER_MODULES": ["spiders", "tests.spiders"],
                                  "LOG_LEVEL": "WARNING", "WEBFARM_HOST_DELAY": 0.0,
-                                 "WEBFARM_IDLE_TIMEOUT": 1.0}
+                                 "WEBFARM_IDLE_TIMEOUT": 1.0,
+                                 # monitoring is not storage, and it needs the frontier
+                                 "WEBFARM_METRICS": False}
     bare = {"SCHEDULER": "scrapy.core.scheduler.Scheduler",
             "DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter"}
     if setup == "bare Scrapy":
@@ -106,6 +109,12 @@ def child(setup: str, start: str) -> None:
                       "item_errors": crawler.stats.get_value("webfarm/items/gave_up", 0)}))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a server process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_child(setup: str, start: str, env: dict[str, str]) -> dict[str, float]:
     proc = subprocess.run([sys.executable, __file__, "--child", setup, "--start", start],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -144,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         [sys.executable, "-m", "tests.testweb", *(a for h in hosts for a in ("--host", h)),
          "--categories", str(args.categories), "--products", str(args.products)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    servers_ = {"valkey": valkey, "mongo": mongo}
     try:
         start = ",".join(u + "/" for u in json.loads(web.stdout.readline())["base_urls"])
         env = {k: v for k, v in os.environ.items()
@@ -161,7 +171,10 @@ def main(argv: list[str] | None = None) -> int:
                            "BLOB_STORE_URI": (tmp / f"blobs{run}").as_uri()}
                 redis.Redis.from_url(valkey.url).flushall()
                 pymongo.MongoClient(mongo.url).drop_database(db)
+                before = {n: cpu_seconds(p.proc.pid) for n, p in servers_.items()}
                 r = run_child(setup, start, run_env)
+                r["server_ms"] = 1000 * sum(cpu_seconds(p.proc.pid) - before[n]
+                                            for n, p in servers_.items()) / max(1, r["pages"])
                 results[setup].append(r)
                 print(f"  run {run + 1} {setup:12s} {r['pages']:5d} pages "
                       f"{r['pages'] / r['seconds']:7.1f} pages/s", flush=True)
@@ -195,13 +208,15 @@ def report(results: dict[str, list[dict[str, float]]], reparse: list[float]) -> 
              for s, rs in results.items()}
     pages = {s: statistics.median(r["pages"] for r in rs) for s, rs in results.items()}
     cpu = {s: statistics.median(r["cpu_ms"] for r in rs) for s, rs in results.items()}
+    server = {s: statistics.median(r["server_ms"] for r in rs) for s, rs in results.items()}
     bare = rates["bare Scrapy"]
-    print("\nmedian of runs (pages/s from first response to last item stored; worker CPU: "
-          "the crawling process's own CPU time per page, servers excluded)")
-    print(f"{'setup':14s} {'pages':>6s} {'pages/s':>9s} {'vs bare':>8s} {'worker CPU':>11s}")
+    print("\nmedian of runs (pages/s from first response to last item stored; CPU per page: "
+          "the crawling process's, and Valkey's + SecantusDB's for the whole crawl)")
+    print(f"{'setup':14s} {'pages':>6s} {'pages/s':>9s} {'vs bare':>8s} {'worker CPU':>11s} "
+          f"{'server CPU':>11s}")
     for setup in SETUPS:
         print(f"{setup:14s} {pages[setup]:6.0f} {rates[setup]:9.1f} {rates[setup] / bare:7.2f}x "
-              f"{cpu[setup]:8.1f} ms")
+              f"{cpu[setup]:8.1f} ms {server[setup]:8.1f} ms")
     print(f"{'re-parse':14s} {pages['webfarm']:6.0f} {statistics.median(reparse):9.1f} "
           f"{statistics.median(reparse) / bare:7.2f}x")
     for name in ("webfarm", "storage only"):
