@@ -122,7 +122,7 @@ class ProxyMiddleware:
         settings = crawler.settings
         proxies = proxies_from_settings(settings)  # ProxyConfigError: one line, no secrets
         if not proxies:
-            raise NotConfigured("WEBFARM_PROXIES is empty")
+            raise NotConfigured  # off by default: no warning for the usual case
         cls._check_order(crawler)
         pool = ProxyPool(
             proxies, redis_client(settings),

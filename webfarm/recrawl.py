@@ -212,7 +212,7 @@ class RecrawlExtension:
     def from_crawler(cls, crawler: Crawler) -> RecrawlExtension:
         interval = crawler.settings.getfloat("WEBFARM_RECRAWL_INTERVAL", 0.0)
         if interval <= 0:
-            raise NotConfigured("WEBFARM_RECRAWL_INTERVAL is 0")
+            raise NotConfigured  # off by default: no warning for the usual case
         ext = cls(crawler, interval, crawler.settings.getint("WEBFARM_RECRAWL_BATCH", 10_000))
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
