@@ -72,6 +72,7 @@ class IndexPipeline:
         if not item.blob_key and not item.not_modified:
             raise ValueError("PageItem has no blob_key: enable BlobStorePipeline first")
         record = await self.batcher.submit(item)
+        item.duplicate_of = record.duplicate_of or ""
         inc = self.stats.inc_value
         if record.not_modified:
             inc("webfarm/index/not_modified")

@@ -53,6 +53,9 @@ class PageItem:
     content_hash: str | None = None
     blob_key: str | None = None
     simhash: int | None = None
+    # Set by the index pipeline: the page id this content was first seen at, "" if this page
+    # is the first (read by monitoring to count duplicates per host exactly).
+    duplicate_of: str | None = None
     # Set while a pipeline computes the hash, so others await it instead of hashing again.
     hashing: asyncio.Future | None = field(default=None, repr=False, compare=False)
 
