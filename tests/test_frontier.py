@@ -233,6 +233,16 @@ def test_counts_are_exact_across_operations(client: redis.Redis) -> None:
     assert c["ready_hosts"] == 7
 
 
+def test_queue_keys_deleted_by_hand_still_let_workers_go_idle(client: redis.Redis) -> None:
+    f = Frontier(client, "spider", default_delay=0)
+    f.push([entry("h.test", str(i)) for i in range(3)])
+    client.delete(*[k for k in client.keys(f.key("*")) if b":q:" in k], f.key("ready"))
+    assert client.hget(f.key("stats"), "queued") == b"3"  # the counter drifted
+    assert f.counts()["queued"] == 0 and f.is_idle()
+    f.push([entry("h.test", "new")])
+    assert f.counts()["queued"] == 1 and not f.is_idle()
+
+
 @pytest.mark.parametrize("mode", ["bloom", "set"])
 def test_dedupe(client: redis.Redis, mode: str) -> None:
     f = Frontier(client, "spider", dupefilter=mode, default_delay=0)

@@ -233,8 +233,16 @@ end
 
 OPS.counts = function()
   local s = redis.call('HMGET', K_STATS, 'queued', 'seen', 'retried', 'expired')
-  return {tonumber(s[1]) or 0, redis.call('ZCOUNT', K_READY, '-inf', NOW),
-          redis.call('ZCARD', K_READY), redis.call('ZCARD', K_DELAYED),
+  local queued, hosts = tonumber(s[1]) or 0, redis.call('ZCARD', K_READY)
+  if hosts == 0 and queued ~= 0 then
+    -- 'ready' lists every host with queued entries: none means nothing is queued. The
+    -- counter drifted (queue keys deleted or written by hand); heal it, or no worker
+    -- would ever see an idle frontier.
+    queued = 0
+    redis.call('HSET', K_STATS, 'queued', 0)
+  end
+  return {queued, redis.call('ZCOUNT', K_READY, '-inf', NOW),
+          hosts, redis.call('ZCARD', K_DELAYED),
           redis.call('ZCARD', K_LEASES), redis.call('LLEN', K_DEAD), tonumber(s[2]) or 0,
           tonumber(s[3]) or 0, tonumber(s[4]) or 0}
 end
