@@ -182,6 +182,8 @@ class Scheduler(BaseScheduler):
         if self._redis_down_since is not None and now < self._redis_retry_at:
             return None
         if now < self._next_poll and not self._push:
+            # The reactor may wake us a hair early: always keep a wake-up pending.
+            self._wake_in(self._next_poll - now)
             return None
         for _ in range(10):  # a few malformed entries in a row are dead-lettered, then retry
             exchange = self._exchange(pop=1)
@@ -319,6 +321,10 @@ class Scheduler(BaseScheduler):
         self._push, self._acks = [], []
         self._redis_ok()
         added = sum(result.enqueued)
+        if added or result.popped:
+            # The frontier holds work again: lift the idle poll gate, or the engine would
+            # get one request per batch of links until the gate expires (a starved crawl).
+            self._next_poll = 0.0
         self._inc("webfarm/frontier/enqueued", added)
         self._inc("webfarm/frontier/duplicates", len(push) - added)
         return result
@@ -360,8 +366,15 @@ class Scheduler(BaseScheduler):
         (another worker may push meanwhile)."""
         wait = 1.0 if ready_in is None else min(max(ready_in, 0.01), 1.0)
         self._next_poll = time.monotonic() + wait
-        if self._wake_call is None or not self._wake_call.active():
-            self._wake_call = reactor.callLater(wait, self._wake)
+        self._wake_in(wait)
+
+    def _wake_in(self, wait: float) -> None:
+        """Have the engine ask again in ``wait`` s (or sooner, if already planned)."""
+        if self._wake_call is not None and self._wake_call.active():
+            if self._wake_call.getTime() <= reactor.seconds() + wait:
+                return
+            self._wake_call.cancel()  # a host is ready sooner than the pending wake-up
+        self._wake_call = reactor.callLater(max(wait, 0.001), self._wake)
 
     def _wake(self) -> None:
         slot = getattr(self.crawler.engine, "_slot", None)
