@@ -49,7 +49,7 @@ from twisted.python.failure import Failure
 
 from webfarm import signals as wf_signals
 from webfarm.exceptions import DeadLetter, RetryLater
-from webfarm.frontier import Entry, Frontier, backoff
+from webfarm.frontier import Entry, Frontier, Popped, backoff
 from webfarm.queue import decode_request, open_frontier, request_entry
 from webfarm.redisconn import redis_client
 from webfarm.serialize import SerializationError
@@ -60,6 +60,7 @@ LEASE = "webfarm_lease"
 ATTEMPTS = "webfarm_attempts"
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
 PUSH_BATCH = 200
+POP_MAX = 16  # leases asked for in one exchange, at most (never more than the engine takes)
 
 
 class Scheduler(BaseScheduler):
@@ -80,6 +81,7 @@ class Scheduler(BaseScheduler):
         self._acks: list[str] = []
         self._ops: deque[tuple[str, Callable[[], Any]]] = deque()  # retries, dead letters, delays
         self._inflight: dict[str, Request] = {}
+        self._popped: deque[Popped] = deque()  # leased in the last exchange, not handed out
         self._failed: dict[str, tuple[str, str]] = {}  # lease -> (kind, reason)
         self._delays: dict[str, dict[str, float]] = {}
         self._next_poll = 0.0
@@ -156,10 +158,10 @@ class Scheduler(BaseScheduler):
     # -- the scheduler interface ------------------------------------------------------------
 
     def has_pending_requests(self) -> bool:
-        return bool(self._push)
+        return bool(self._push or self._popped)
 
     def __len__(self) -> int:
-        return len(self._push)
+        return len(self._push) + len(self._popped)
 
     def enqueue_request(self, request: Request) -> bool:
         # A request coming back from the downloader (a redirect) carries its parent's
@@ -178,21 +180,10 @@ class Scheduler(BaseScheduler):
         return True
 
     def next_request(self) -> Request | None:
-        now = time.monotonic()
-        if self._redis_down_since is not None and now < self._redis_retry_at:
-            return None
-        if now < self._next_poll and not self._push:
-            # The reactor may wake us a hair early: always keep a wake-up pending.
-            self._wake_in(self._next_poll - now)
-            return None
         for _ in range(10):  # a few malformed entries in a row are dead-lettered, then retry
-            exchange = self._exchange(pop=1)
-            if exchange is None:
+            if not self._popped and not self._pop():
                 return None
-            if not exchange.popped:
-                self._idle_until(exchange.ready_in)
-                return None
-            popped = exchange.popped[0]
+            popped = self._popped.popleft()
             try:
                 request = decode_request(popped.payload, self.spider)
             except SerializationError as exc:
@@ -208,6 +199,32 @@ class Scheduler(BaseScheduler):
             self._inc("webfarm/frontier/dequeued")
             return request
         return None
+
+    def _pop(self) -> bool:
+        """One exchange that leases as many requests as the downloader can start right now
+        (the engine takes them in the same loop, so none waits here past its host's turn)."""
+        now = time.monotonic()
+        if self._redis_down_since is not None and now < self._redis_retry_at:
+            return False
+        if now < self._next_poll and not self._push:
+            # The reactor may wake us a hair early: always keep a wake-up pending.
+            self._wake_in(self._next_poll - now)
+            return False
+        exchange = self._exchange(pop=self._pop_size())
+        if exchange is None:
+            return False
+        if not exchange.popped:
+            self._idle_until(exchange.ready_in)
+            return False
+        self._popped.extend(exchange.popped)
+        return True
+
+    def _pop_size(self) -> int:
+        downloader = getattr(self.crawler.engine, "downloader", None)
+        total = getattr(downloader, "total_concurrency", 0)
+        if not total:
+            return 1
+        return max(1, min(POP_MAX, total - len(getattr(downloader, "active", ()))))
 
     # -- completion of a request ------------------------------------------------------------
 
