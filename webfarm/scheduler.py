@@ -63,6 +63,11 @@ PUSH_BATCH = 200
 POP_MAX = 16  # leases asked for in one exchange, at most (never more than the engine takes)
 
 
+def _ms(seconds: float) -> int:
+    """A delay as the frontier's script rounds it."""
+    return int(seconds * 1000 + 0.5)
+
+
 class Scheduler(BaseScheduler):
     def __init__(self, crawler: Crawler, server: redis.Redis) -> None:
         settings = crawler.settings
@@ -298,7 +303,10 @@ class Scheduler(BaseScheduler):
         before = max(sources.values(), default=None)
         sources[source] = float(delay)
         after = max(sources.values())
-        if before is None or abs(after - before) > 0.05 * max(before, 0.01):
+        if before is None or (abs(after - before) > 0.05 * max(before, 0.01)
+                              and _ms(after) != _ms(before)):
+            # The frontier counts delays in whole milliseconds: a change it would not see
+            # is not worth a round trip (the latency rule sends one per response).
             self._op("delay", lambda: self.frontier.set_delay(host, after))
 
     def host_defer(self, host: str, seconds: float, source: str = "", **kwargs: Any) -> None:
@@ -315,8 +323,10 @@ class Scheduler(BaseScheduler):
     def _run_ops(self) -> None:
         if self._redis_down_since is not None and time.monotonic() < self._redis_retry_at:
             return
-        # Pushes and acks first, so a retried parent never lands before its children.
-        if (self._push or self._acks) and self._exchange(pop=0) is None:
+        # Pushes and acks first, so a retried parent never lands before its children
+        # (a delay or a deferral does not care, and skips that extra round trip).
+        ordered = any(name in ("retry", "dead") for name, _ in self._ops)
+        if ordered and (self._push or self._acks) and self._exchange(pop=0) is None:
             return
         while self._ops:
             _, call = self._ops[0]
