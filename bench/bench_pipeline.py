@@ -53,6 +53,10 @@ def overrides(setup: str) -> dict[str, object]:
                                  "WEBFARM_IDLE_TIMEOUT": 1.0,
                                  # monitoring is not storage, and it needs the frontier
                                  "WEBFARM_METRICS": False}
+    if os.environ.get("WF_BENCH_LATENCY_RULE") == "off":
+        # The per-host latency rule keeps about one request per host in flight (politeness
+        # bare Scrapy does not have); off, the setups compare overhead alone.
+        common["WEBFARM_AUTOTHROTTLE"] = False
     bare = {"SCHEDULER": "scrapy.core.scheduler.Scheduler",
             "DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter"}
     if setup == "bare Scrapy":
@@ -131,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--categories", type=int, default=3)
     parser.add_argument("--hosts", type=int, default=4, help="shops on 127.0.0.2, .3, ...")
     parser.add_argument("--quick", action="store_true", help="1 run each, a smaller shop")
+    parser.add_argument("--latency-rule", choices=("on", "off"), default="on",
+                        help="webfarm's per-host latency rule (politeness); off compares "
+                             "overhead alone")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--start", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -160,10 +167,12 @@ def main(argv: list[str] | None = None) -> int:
                if k not in ("SCRAPY_SETTINGS_MODULE", "http_proxy", "https_proxy")}
         env.update(REDIS_URL=valkey.url, MONGO_URI=mongo.url, WEBFARM_HOST_DELAY="0",
                    WEBFARM_ALLOWED_NETWORKS="127.0.0.0/8", WEBFARM_IDLE_TIMEOUT="1")
+        env["WF_BENCH_LATENCY_RULE"] = args.latency_rule
         results: dict[str, list[dict[str, float]]] = {s: [] for s in SETUPS}
         reparse: list[float] = []
         print(f"test web: {args.hosts} shops x {args.categories} categories x {args.products} "
-              f"products; {args.runs} runs of each setup, interleaved", flush=True)
+              f"products; {args.runs} runs of each setup, interleaved; per-host latency "
+              f"rule {args.latency_rule}", flush=True)
         for run in range(args.runs):
             for setup in SETUPS:
                 db = f"bench{run}"
