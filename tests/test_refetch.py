@@ -290,11 +290,12 @@ def test_recrawl_command_dry_run_and_bad_input(env, mongo_uri, mongo_db_name):
 
 
 def test_recrawl_now_option():
-    from webfarm.commands.recrawl import _Error, parse_now
+    from webfarm.commands._common import CommandError
+    from webfarm.commands.recrawl import parse_now
 
     assert parse_now("2026-05-01T12:00:00Z") == dt.datetime(2026, 5, 1, 12,
                                                            tzinfo=dt.timezone.utc)
     ahead = parse_now("+3600") - dt.datetime.now(dt.timezone.utc)
     assert 3590 < ahead.total_seconds() <= 3600
-    with pytest.raises(_Error, match="--now 'soon': give an ISO 8601 time"):
+    with pytest.raises(CommandError, match="--now 'soon': give an ISO 8601 time"):
         parse_now("soon")

@@ -1,4 +1,4 @@
-"""What ``scrapy seed``, ``scrapy frontier`` and ``scrapy dlq`` share: finding the
+"""What webfarm's commands (seed, frontier, dlq, recrawl, reparse) share: finding the
 spider, reaching its frontier the way a worker does, one-line errors, tables.
 
 Not a command itself (it defines no ScrapyCommand), so Scrapy lists nothing for it.
@@ -49,13 +49,17 @@ def spider_class(settings: BaseSettings, name: str) -> type:
         raise CommandError(f"no spider named {name!r}; `scrapy list` shows them") from None
 
 
+def service_variable(settings: BaseSettings, name: str) -> str:
+    """``name`` for messages, marked when it is unset and the embedded service is meant."""
+    return name if settings.get(name) else f"{name} (unset: embedded)"
+
+
 def open_spider_frontier(settings: BaseSettings, name: str) -> Frontier:
     """The spider's frontier on ``REDIS_URL`` (or the embedded Valkey, started or joined),
     with the same keys, delays and dupefilter mode as the workers; checked reachable."""
     try:
         url = config.redis_url(settings)
-        variable = "REDIS_URL" if settings.get("REDIS_URL") else "REDIS_URL (unset: embedded)"
-        config.check_redis(url, variable)
+        config.check_redis(url, service_variable(settings, "REDIS_URL"))
     except config.ConfigError as exc:
         raise CommandError(str(exc), BAD_CONFIG) from None
     try:

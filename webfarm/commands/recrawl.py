@@ -10,21 +10,24 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import sys
 from typing import Any, ClassVar
 
 import pymongo
-import redis
 from scrapy.commands import ScrapyCommand
 from scrapy.crawler import Crawler
 from scrapy.exceptions import UsageError
-from scrapy.spiderloader import get_spider_loader
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from webfarm import config
-from webfarm.queue import open_frontier
+from webfarm.commands._common import (
+    BAD_CONFIG,
+    CommandError,
+    open_spider_frontier,
+    report,
+    service_variable,
+    spider_class,
+)
 from webfarm.recrawl import Recrawler, RoundResult, utcnow
-from webfarm.redisconn import CLIENT_OPTIONS
 
 
 class Command(ScrapyCommand):
@@ -65,29 +68,22 @@ class Command(ScrapyCommand):
             raise UsageError("give one spider name", print_help=False)
         try:
             self._run(args[0], opts)
-        except _Error as exc:
-            print(f"webfarm: {exc}", file=sys.stderr)
-            self.exitcode = exc.code
+        except CommandError as exc:
+            report(self, exc)
 
     def _run(self, name: str, opts: argparse.Namespace) -> None:
         assert self.settings is not None
         if opts.limit is not None and opts.limit < 1:
-            raise _Error(f"--limit {opts.limit}: give a positive number of pages")
+            raise CommandError(f"--limit {opts.limit}: give a positive number of pages")
         now = parse_now(opts.now)
+        crawler = Crawler(spider_class(self.settings, name), self.settings)
+        settings = crawler.settings  # the spider's own settings apply
+        frontier = open_spider_frontier(settings, name)
         try:
-            spidercls = get_spider_loader(self.settings).load(name)
-        except KeyError:
-            raise _Error(f"no spider named {name!r}; `scrapy list` shows them") from None
-        crawler = Crawler(spidercls, self.settings)  # the spider's own settings apply
-        settings = crawler.settings
-        try:
-            redis_url, mongo_uri = config.redis_url(settings), config.mongo_uri(settings)
-            config.check_redis(redis_url, _variable(settings, "REDIS_URL"))
-            config.check_mongo(mongo_uri, _variable(settings, "MONGO_URI"))
-            frontier = open_frontier(settings, name,
-                                     redis.Redis.from_url(redis_url, **CLIENT_OPTIONS))
-        except (config.ConfigError, ValueError) as exc:
-            raise _Error(str(exc), 1) from None
+            mongo_uri = config.mongo_uri(settings)
+            config.check_mongo(mongo_uri, service_variable(settings, "MONGO_URI"))
+        except config.ConfigError as exc:
+            raise CommandError(str(exc), BAD_CONFIG) from None
         fingerprinter = build_from_crawler(
             load_object(settings["REQUEST_FINGERPRINTER_CLASS"]), crawler)
         client: pymongo.MongoClient = pymongo.MongoClient(mongo_uri, tz_aware=True,
@@ -101,16 +97,6 @@ class Command(ScrapyCommand):
         print(render(name, result, opts.json))
 
 
-class _Error(Exception):
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _variable(settings: Any, name: str) -> str:
-    return name if settings.get(name) else f"{name} (unset: embedded)"
-
-
 def parse_now(value: str | None) -> dt.datetime:
     """``None`` (now), ``+SECONDS`` (from now) or an ISO 8601 time (UTC if no zone)."""
     if value is None:
@@ -121,7 +107,7 @@ def parse_now(value: str | None) -> dt.datetime:
             return utcnow() + dt.timedelta(seconds=float(text[1:]))
         moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise _Error(f"--now {value!r}: give an ISO 8601 time (2026-05-01T12:00:00Z) or "
+        raise CommandError(f"--now {value!r}: give an ISO 8601 time (2026-05-01T12:00:00Z) or "
                      "+SECONDS") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
 

@@ -17,24 +17,16 @@ from typing import Any, ClassVar
 from scrapy.commands import ScrapyCommand
 from scrapy.crawler import Crawler
 from scrapy.exceptions import UsageError
-from scrapy.spiderloader import get_spider_loader
 from scrapy.utils.conf import arglist_to_dict
 
 from webfarm import config
 from webfarm.blobstore import open_blob_store
+from webfarm.commands._common import BAD_CONFIG, CommandError, report, spider_class
 from webfarm.index import IndexStore
 from webfarm.itemstore import ItemStore
 from webfarm.reparse import Reparser, ReparseStats
 
 logger = logging.getLogger("webfarm.reparse")
-
-
-class CommandError(Exception):
-    """Stop with one line on stderr and ``code`` as exit code (2: bad input, 1: config)."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def parse_since(value: str) -> dt.datetime:
@@ -81,8 +73,7 @@ class Command(ScrapyCommand):
         try:
             self._run(args[0], opts)
         except CommandError as exc:
-            print(f"webfarm: {exc}", file=sys.stderr)
-            self.exitcode = exc.code
+            report(self, exc)
 
     def _run(self, name: str, opts: argparse.Namespace) -> None:
         settings = self.settings
@@ -92,10 +83,7 @@ class Command(ScrapyCommand):
                 re.compile(opts.url_pattern)
             except re.error as exc:
                 raise CommandError(f"--url-pattern {opts.url_pattern!r}: {exc}") from None
-        try:
-            spidercls = get_spider_loader(settings).load(name)
-        except KeyError:
-            raise CommandError(f"no spider named {name!r}; `scrapy list` shows them") from None
+        spidercls = spider_class(settings, name)
         check = getattr(spidercls, "check_arguments", None)
         try:
             if check is not None:
@@ -110,7 +98,7 @@ class Command(ScrapyCommand):
             endpoint = settings.get("AWS_ENDPOINT_URL") or None
             config.check_blobs(blob_uri, endpoint)
         except config.ConfigError as exc:
-            raise CommandError(str(exc), 1) from None
+            raise CommandError(str(exc), BAD_CONFIG) from None
         index = IndexStore(mongo, settings.get("MONGO_DATABASE") or "webfarm")
         try:
             reparser = Reparser(
