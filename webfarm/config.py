@@ -8,6 +8,7 @@ connects to it, and raises :class:`ConfigError` with that line otherwise.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -163,13 +164,18 @@ def apply(settings: BaseSettings, loc: Locations) -> None:
     settings.set("BLOB_STORE_URI", loc.blob_uri, priority="cmdline")
 
 
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s]*@")
+
+
+def mask_credentials(text: str) -> str:
+    """Hide the ``user:password@`` part of every URL in ``text`` (user names are often
+    tokens too, so the whole user-info goes)."""
+    return _USERINFO.sub(r"\1***@", text)
+
+
 def safe_url(url: str) -> str:
-    """A URL with its password replaced, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return parts._replace(netloc=netloc).geturl()
-    return url
+    """A URL without its credentials, for messages and logs."""
+    return mask_credentials(url)
 
 
 def file_path(uri: str) -> Path:

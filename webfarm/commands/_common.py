@@ -6,7 +6,6 @@ Not a command itself (it defines no ScrapyCommand), so Scrapy lists nothing for 
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,6 @@ from webfarm.redisconn import CLIENT_OPTIONS
 #: exit codes: bad input (arguments, files, URLs) vs. a deployment that is not reachable
 BAD_INPUT = 2
 BAD_CONFIG = 1
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s]*@")
 
 
 class CommandError(Exception):
@@ -74,12 +72,6 @@ def where(frontier: Frontier) -> str:
     if kw.get("path"):
         return f"unix://{kw['path']}"
     return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
-
-
-def mask_credentials(text: str) -> str:
-    """Hide the ``user:password@`` part of every URL in ``text`` (user names are often
-    tokens too, so the whole user-info goes)."""
-    return _USERINFO.sub(r"\1***@", text)
 
 
 @dataclass(frozen=True)

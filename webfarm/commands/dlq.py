@@ -33,12 +33,12 @@ from webfarm.commands._common import (
     BAD_CONFIG,
     Column,
     CommandError,
-    mask_credentials,
     open_spider_frontier,
     render_table,
     report,
     spider_class,
 )
+from webfarm.config import mask_credentials
 from webfarm.frontier import Entry, Frontier
 
 CHUNK = 500
