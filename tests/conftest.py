@@ -74,6 +74,13 @@ def s3_bucket(s3_server: servers.Server) -> str:
 
 
 @pytest.fixture()
+def stores(redis_url: str, mongo_uri: str, mongo_db_name: str, tmp_path: Path) -> dict[str, str]:
+    """Where a test crawl keeps things: the environment for ``tests.runner.env_for``."""
+    return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db_name,
+            "BLOB_STORE_URI": (tmp_path / "blobs").as_uri()}
+
+
+@pytest.fixture()
 def data_dir(tmp_path: Path) -> Path:
     path = tmp_path / "webfarm-data"
     path.mkdir()

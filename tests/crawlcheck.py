@@ -11,11 +11,6 @@ from scrapy.settings import Settings
 from webfarm.queue import open_frontier
 
 
-def stores_env(redis_url: str, mongo_uri: str, mongo_db_name: str, tmp_path) -> dict[str, str]:
-    return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db_name,
-            "BLOB_STORE_URI": (tmp_path / "blobs").as_uri()}
-
-
 def frontier(redis_url: str, spider: str = "generic"):
     settings = Settings({"DUPEFILTER_CLASS": "webfarm.dupefilter.BloomDupeFilter",
                          "SCHEDULER_QUEUE_CLASS": "webfarm.frontier.Frontier"})

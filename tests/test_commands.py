@@ -44,12 +44,6 @@ def shop(small_web):
 
 
 @pytest.fixture()
-def stores(redis_url, mongo_uri, mongo_db_name, tmp_path):
-    return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db_name,
-            "BLOB_STORE_URI": (tmp_path / "blobs").as_uri()}
-
-
-@pytest.fixture()
 def client(redis_url):
     server = redis.Redis.from_url(redis_url)
     yield server

@@ -10,19 +10,12 @@ from __future__ import annotations
 import urllib.request
 
 import pymongo
-import pytest
 import redis
 
 from tests import runner
 from tests.testweb.jscatalogue import JsCatalogue
 
 ITEM_FIELDS = ("sku", "name", "price_cents", "currency", "category", "url")
-
-
-@pytest.fixture()
-def stores(redis_url, mongo_uri, mongo_db_name, tmp_path):
-    return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db_name,
-            "BLOB_STORE_URI": (tmp_path / "blobs").as_uri()}
 
 
 def crawl(spider: str, start: str, stores: dict, timeout: float = 180) -> str:

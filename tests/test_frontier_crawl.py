@@ -8,12 +8,10 @@ import time
 
 import pymongo
 import pytest
-import redis
-from scrapy.settings import Settings
 
 from tests import runner, servers
+from tests.crawlcheck import frontier as frontier_of
 from tests.testweb import Response, TestWeb
-from webfarm.queue import open_frontier
 from webfarm.urls import canonical_url, host_of
 
 
@@ -29,18 +27,6 @@ def shop(small_web):
     small_web.clear_hits()
     small_web.clear_routes()
     return small_web
-
-
-@pytest.fixture()
-def stores(redis_url, mongo_uri, mongo_db_name, tmp_path):
-    return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db_name,
-            "BLOB_STORE_URI": (tmp_path / "blobs").as_uri()}
-
-
-def frontier_of(redis_url: str):
-    settings = Settings({"DUPEFILTER_CLASS": "webfarm.dupefilter.BloomDupeFilter",
-                         "SCHEDULER_QUEUE_CLASS": "webfarm.frontier.Frontier"})
-    return open_frontier(settings, "generic", redis.Redis.from_url(redis_url))
 
 
 def stored(stores) -> list[str]:

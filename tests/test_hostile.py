@@ -76,11 +76,6 @@ def crawl(web, routes, starts, stores):
             crawlcheck.pages(stores), peak - startup)
 
 
-@pytest.fixture()
-def stores(redis_url, mongo_uri, mongo_db_name, tmp_path):
-    return crawlcheck.stores_env(redis_url, mongo_uri, mongo_db_name, tmp_path)
-
-
 def test_oversized_bodies_and_compression_bombs(web, bombs_ready, stores):
     starts = list(SIZE_ROUTES)
     base, result, dead, pages, growth = crawl(web, SIZE_ROUTES, starts, stores)

@@ -97,12 +97,6 @@ def shops() -> Iterator[TestWeb]:
         yield web
 
 
-@pytest.fixture()
-def stores(redis_url, mongo_uri, mongo_db_name, tmp_path) -> dict[str, str]:
-    return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db_name,
-            "BLOB_STORE_URI": (tmp_path / "blobs").as_uri()}
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))

@@ -19,12 +19,6 @@ from webfarm.queue import open_frontier
 from webfarm.render import HostMemory
 
 
-@pytest.fixture()
-def stores(redis_url, mongo_uri, mongo_db_name, tmp_path):
-    return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db_name,
-            "BLOB_STORE_URI": (tmp_path / "blobs").as_uri()}
-
-
 def crawl(env, *args: str, timeout: float = 120) -> runner.Result:
     # Browser latency includes rendering: keep the latency rule from slowing the test hosts.
     result = runner.scrapy(["crawl", "generic", "-s", "WEBFARM_AUTOTHROTTLE=False", *args], env,

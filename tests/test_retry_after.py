@@ -17,7 +17,6 @@ from tests.test_robots import (
     run,
     stat,
     stored_urls,
-    stores,  # noqa: F401 - fixture
 )
 
 NOW = 1_800_000_000.0

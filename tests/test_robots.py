@@ -13,8 +13,8 @@ import redis
 from scrapy.settings import Settings
 
 from tests import runner, servers
+from tests.crawlcheck import frontier as frontier_of
 from tests.testweb import Response
-from webfarm.queue import open_frontier
 from webfarm.robots import (
     MAX_BYTES,
     Fetched,
@@ -117,12 +117,6 @@ def test_outage_keeps_the_last_good_copy_then_may_allow():
 
 # -- crawls ----------------------------------------------------------------------------------
 
-@pytest.fixture()
-def stores(redis_url, mongo_uri, mongo_db_name, tmp_path):
-    return {"REDIS_URL": redis_url, "MONGO_URI": mongo_uri, "MONGO_DATABASE": mongo_db_name,
-            "BLOB_STORE_URI": (tmp_path / "blobs").as_uri()}
-
-
 def env(stores, **extra):
     values = runner.env_for(**stores, WEBFARM_RENDER="http", **extra)
     if "WEBFARM_USER_AGENT" not in extra:
@@ -171,12 +165,6 @@ def paths_hit(web, base: str, prefix: str) -> list[str]:
 def stat(output: str, name: str) -> int:
     found = re.findall(rf"'{re.escape(name)}': (\d+)", output)
     return sum(int(n) for n in found)
-
-
-def frontier_of(redis_url: str):
-    settings = Settings({"DUPEFILTER_CLASS": "webfarm.dupefilter.BloomDupeFilter",
-                         "SCHEDULER_QUEUE_CLASS": "webfarm.frontier.Frontier"})
-    return open_frontier(settings, "generic", redis.Redis.from_url(redis_url))
 
 
 def stored_urls(stores) -> set[str]:

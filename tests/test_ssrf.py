@@ -74,11 +74,6 @@ def test_check_url_judges_the_resolved_address_and_never_raises():
     assert asyncio.run(guard("127.0.0.0/8").check_url("http://localhost:1/")) is None
 
 
-@pytest.fixture()
-def stores(redis_url, mongo_uri, mongo_db_name, tmp_path):
-    return crawlcheck.stores_env(redis_url, mongo_uri, mongo_db_name, tmp_path)
-
-
 def test_crawl_refuses_private_targets_and_redirect_hops(web, stores):
     allowed, refused = web.base_urls  # 127.0.0.2 allowed, 127.0.0.3 not
     port = allowed.rsplit(":", 1)[1]
