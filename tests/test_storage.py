@@ -171,7 +171,7 @@ def test_refetch_policy_runs_on_every_fetch_and_304_keeps_the_content(store):
 def _fail_updates(client: pymongo.MongoClient, on: bool) -> None:
     client.admin.command("configureFailPoint", "failCommand",
                          mode="alwaysOn" if on else "off",
-                         data={"failCommands": ["update"], "errorCode": 2})
+                         data={"failCommands": ["insert", "update"], "errorCode": 2})
 
 
 def test_an_item_is_done_only_when_its_batch_is_stored(store):

@@ -157,7 +157,7 @@ def test_storage_down_past_the_limit_sends_requests_back(web, redis_url, own_mon
                         env, log)
     assert wait_pages(own_mongo.url, "limit", 10) < len(web.expected_pages(base))
     admin.command("configureFailPoint", "failCommand", mode="alwaysOn",
-                  data={"failCommands": ["update"], "errorCode": 2})
+                  data={"failCommands": ["insert", "update"], "errorCode": 2})
     time.sleep(4)
     admin.command("configureFailPoint", "failCommand", mode="off")
     output = finish(proc, log)

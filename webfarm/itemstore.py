@@ -28,10 +28,10 @@ from typing import Any
 
 import bson
 from itemadapter import ItemAdapter
-from pymongo import UpdateOne
+from pymongo import InsertOne, UpdateOne
 from pymongo.database import Database
 
-from webfarm.index import bulk_upsert
+from webfarm.index import WriteOp, bulk_upsert
 
 CREATED, CHANGED, UNCHANGED = "created", "changed", "unchanged"
 DEFAULT_COLLECTION = "items"
@@ -135,7 +135,8 @@ class ItemStore:
             keys = [entries[i].key for i in idx]
             stored = {self._k(d["_id"]): d.get("item_hash")
                       for d in coll.find({"_id": {"$in": keys}}, {"item_hash": 1})}
-            last: dict[str, UpdateOne] = {}
+            missing = {self._k(k) for k in keys} - set(stored)
+            docs: dict[str, tuple[Any, dict[str, Any], dt.datetime]] = {}
             for i in idx:
                 entry = entries[i]
                 k = self._k(entry.key)
@@ -148,17 +149,24 @@ class ItemStore:
                 doc = {**entry.fields, "source_url": entry.source_url,
                        "content_hash": entry.content_hash, "extracted_at": entry.extracted_at,
                        "extractor_version": entry.extractor_version, "item_hash": digest}
-                update: dict[str, Any] = {"$set": doc,
-                                          "$setOnInsert": {"first_extracted_at":
-                                                           entry.extracted_at}}
-                if results[i] != UNCHANGED:
+                if results[i] != UNCHANGED or k in missing:
                     doc["changed_at"] = entry.extracted_at
-                last[k] = UpdateOne({"_id": entry.key}, update, upsert=True)
-            ops = list(last.values())
-            dup = bulk_upsert(coll, ops)  # a concurrent first insert: now it matches
+                docs[k] = (entry.key, doc, entry.extracted_at)  # the last one of a key wins
+            # Keys read as missing are inserted (half the server's work of an upsert); a
+            # duplicate key means another worker inserted it first: upsert those.
+            ops: list[WriteOp] = [
+                InsertOne({"_id": key, **doc, "first_extracted_at": at}) if k in missing
+                else self._upsert(key, doc, at) for k, (key, doc, at) in docs.items()]
+            dup = bulk_upsert(coll, ops)
             if dup:
-                bulk_upsert(coll, [ops[i] for i in dup])
+                retry = list(docs.values())
+                bulk_upsert(coll, [self._upsert(*retry[i]) for i in dup])
         return results
+
+    @staticmethod
+    def _upsert(key: Any, doc: dict[str, Any], at: dt.datetime) -> UpdateOne:
+        return UpdateOne({"_id": key}, {"$set": doc, "$setOnInsert": {"first_extracted_at": at}},
+                         upsert=True)
 
     @staticmethod
     def _k(key: Any) -> str:
