@@ -26,7 +26,7 @@ class IndexPipeline:
 
     def __init__(
         self, store: IndexStore, stats: StatsCollector, threads: StorageThreads,
-        batch_size: int = 100, batch_seconds: float = 0.2, retry_seconds: float = 300.0,
+        batch_size: int = 200, batch_seconds: float = 0.5, retry_seconds: float = 300.0,
         writers: int = 2,
     ) -> None:
         self.store = store
@@ -50,8 +50,8 @@ class IndexPipeline:
         assert crawler.stats is not None
         return cls(
             store, crawler.stats, storage_threads(crawler),
-            settings.getint("WEBFARM_INDEX_BATCH_SIZE", 100),
-            settings.getfloat("WEBFARM_INDEX_BATCH_SECONDS", 0.2),
+            settings.getint("WEBFARM_INDEX_BATCH_SIZE", 200),
+            settings.getfloat("WEBFARM_INDEX_BATCH_SECONDS", 0.5),
             settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", 300.0),
             settings.getint("WEBFARM_INDEX_WRITERS", 2),
         )

@@ -27,8 +27,8 @@ from webfarm.urls import canonical_url
 class ItemStorePipeline:
     def __init__(
         self, crawler: Crawler, store: ItemStore, stats: StatsCollector,
-        threads: StorageThreads, hasher: PageHasher, batch_size: int = 100,
-        batch_seconds: float = 0.2, retry_seconds: float = 300.0, writers: int = 2,
+        threads: StorageThreads, hasher: PageHasher, batch_size: int = 200,
+        batch_seconds: float = 0.5, retry_seconds: float = 300.0, writers: int = 2,
         client: IndexStore | None = None,
     ) -> None:
         self.crawler = crawler
@@ -51,8 +51,8 @@ class ItemStorePipeline:
         return cls(
             crawler, ItemStore(client.db), crawler.stats, storage_threads(crawler),
             page_hasher(crawler),
-            settings.getint("WEBFARM_INDEX_BATCH_SIZE", 100),
-            settings.getfloat("WEBFARM_INDEX_BATCH_SECONDS", 0.2),
+            settings.getint("WEBFARM_INDEX_BATCH_SIZE", 200),
+            settings.getfloat("WEBFARM_INDEX_BATCH_SECONDS", 0.5),
             settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", 300.0),
             settings.getint("WEBFARM_INDEX_WRITERS", 2),
             client,
