@@ -140,12 +140,19 @@ def canonical_url(url: str, strip_params: Iterable[str] = DEFAULT_TRACKING_PARAM
     """Return the one spelling of ``url`` that every stage keys on.
 
     Raises ``ValueError`` for a URL that cannot be parsed (e.g. a bad IPv6 host).
+    Cached: one URL is canonicalised by the dupefilter, the frontier, the index
+    and every item of its page, at ~20 µs a time.
     """
+    return _canonical(url, _patterns(strip_params))
+
+
+@lru_cache(maxsize=16384)
+def _canonical(url: str, strip_params: tuple[str, ...]) -> str:
     canonical = canonicalize_url(url)
     parts = urlsplit(canonical)
     scheme, netloc, path, query = parts.scheme, parts.netloc, parts.path, parts.query
     netloc = _drop_default_port(scheme, netloc)
-    matcher = _matcher(_patterns(strip_params))
+    matcher = _matcher(strip_params)
     if matcher is not None:
         path = _strip_path_params(path, matcher)
         if query:
