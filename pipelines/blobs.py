@@ -9,7 +9,7 @@ from scrapy.crawler import Crawler
 from scrapy.statscollectors import StatsCollector
 
 from webfarm import config
-from webfarm.batching import retrying
+from webfarm.batching import RETRY_SECONDS, retrying
 from webfarm.blobstore import BlobStore, blob_key, open_blob_store
 from webfarm.index import utc
 from webfarm.items import PageItem
@@ -28,7 +28,7 @@ class BlobStorePipeline:
     """
 
     def __init__(self, store: BlobStore, stats: StatsCollector, threads: StorageThreads,
-                 concurrency: int = 8, retry_seconds: float = 300.0) -> None:
+                 concurrency: int = 8, retry_seconds: float = RETRY_SECONDS) -> None:
         self.store = store
         self.stats = stats
         self.threads = threads
@@ -47,7 +47,7 @@ class BlobStorePipeline:
         assert crawler.stats is not None
         return cls(store, crawler.stats, storage_threads(crawler),
                    settings.getint("WEBFARM_BLOB_CONCURRENCY", 8),
-                   settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", 300.0))
+                   settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", RETRY_SECONDS))
 
     async def process_item(self, item: Any) -> Any:
         if not isinstance(item, PageItem) or item.not_modified:

@@ -8,7 +8,14 @@ from scrapy.crawler import Crawler
 from scrapy.statscollectors import StatsCollector
 
 from webfarm import config
-from webfarm.batching import Batcher
+from webfarm.batching import (
+    BATCH_SECONDS,
+    BATCH_SIZE,
+    BATCH_WRITERS,
+    RETRY_SECONDS,
+    Batcher,
+    batch_options,
+)
 from webfarm.index import IndexStore, PageRecord, RefetchPolicy, load_refetch_policy
 from webfarm.items import PageItem
 from webfarm.threads import StorageThreads, storage_threads
@@ -26,8 +33,8 @@ class IndexPipeline:
 
     def __init__(
         self, store: IndexStore, stats: StatsCollector, threads: StorageThreads,
-        batch_size: int = 200, batch_seconds: float = 0.5, retry_seconds: float = 300.0,
-        writers: int = 2,
+        batch_size: int = BATCH_SIZE, batch_seconds: float = BATCH_SECONDS,
+        retry_seconds: float = RETRY_SECONDS, writers: int = BATCH_WRITERS,
     ) -> None:
         self.store = store
         self.stats = stats
@@ -48,13 +55,7 @@ class IndexPipeline:
             neardup_distance=distance if settings.getbool("WEBFARM_NEARDUP", True) else -1,
         )
         assert crawler.stats is not None
-        return cls(
-            store, crawler.stats, storage_threads(crawler),
-            settings.getint("WEBFARM_INDEX_BATCH_SIZE", 200),
-            settings.getfloat("WEBFARM_INDEX_BATCH_SECONDS", 0.5),
-            settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", 300.0),
-            settings.getint("WEBFARM_INDEX_WRITERS", 2),
-        )
+        return cls(store, crawler.stats, storage_threads(crawler), **batch_options(settings))
 
     async def open_spider(self) -> None:
         await self.threads.run(self.store.ensure_indexes)

@@ -16,7 +16,14 @@ from scrapy.statscollectors import StatsCollector
 
 from pipelines.content import PageHasher, page_hasher
 from webfarm import config
-from webfarm.batching import Batcher
+from webfarm.batching import (
+    BATCH_SECONDS,
+    BATCH_SIZE,
+    BATCH_WRITERS,
+    RETRY_SECONDS,
+    Batcher,
+    batch_options,
+)
 from webfarm.index import IndexStore
 from webfarm.items import PageItem, source_of
 from webfarm.itemstore import ItemEntry, ItemStore, make_entry
@@ -27,8 +34,9 @@ from webfarm.urls import canonical_url
 class ItemStorePipeline:
     def __init__(
         self, crawler: Crawler, store: ItemStore, stats: StatsCollector,
-        threads: StorageThreads, hasher: PageHasher, batch_size: int = 200,
-        batch_seconds: float = 0.5, retry_seconds: float = 300.0, writers: int = 2,
+        threads: StorageThreads, hasher: PageHasher, batch_size: int = BATCH_SIZE,
+        batch_seconds: float = BATCH_SECONDS, retry_seconds: float = RETRY_SECONDS,
+        writers: int = BATCH_WRITERS,
         client: IndexStore | None = None,
     ) -> None:
         self.crawler = crawler
@@ -50,12 +58,7 @@ class ItemStorePipeline:
         assert crawler.stats is not None
         return cls(
             crawler, ItemStore(client.db), crawler.stats, storage_threads(crawler),
-            page_hasher(crawler),
-            settings.getint("WEBFARM_INDEX_BATCH_SIZE", 200),
-            settings.getfloat("WEBFARM_INDEX_BATCH_SECONDS", 0.5),
-            settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", 300.0),
-            settings.getint("WEBFARM_INDEX_WRITERS", 2),
-            client,
+            page_hasher(crawler), client=client, **batch_options(settings),
         )
 
     async def close_spider(self) -> None:

@@ -22,14 +22,32 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+from scrapy.settings import BaseSettings
 from scrapy.statscollectors import StatsCollector
 
 logger = logging.getLogger(__name__)
 
 E = TypeVar("E")
 R = TypeVar("R")
+
+# Defaults of the batched pipelines (settings/base.py holds the same values).
+BATCH_SIZE = 200
+BATCH_SECONDS = 0.5
+BATCH_WRITERS = 2
+RETRY_SECONDS = 300.0
+
+
+def batch_options(settings: BaseSettings) -> dict[str, Any]:
+    """The ``WEBFARM_INDEX_BATCH_*`` / ``WEBFARM_STORAGE_RETRY_SECONDS`` settings as the
+    keyword arguments the page and item pipelines take (they batch alike)."""
+    return {
+        "batch_size": settings.getint("WEBFARM_INDEX_BATCH_SIZE", BATCH_SIZE),
+        "batch_seconds": settings.getfloat("WEBFARM_INDEX_BATCH_SECONDS", BATCH_SECONDS),
+        "retry_seconds": settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", RETRY_SECONDS),
+        "writers": settings.getint("WEBFARM_INDEX_WRITERS", BATCH_WRITERS),
+    }
 
 
 class StorageUnavailable(Exception):

@@ -15,11 +15,10 @@ server's work per document.
 Exactly once under concurrency and retries: each page write is conditional on
 the ``fetch_count`` it was read with (an insert: on there being none), so of two
 workers writing one page, one gets a duplicate-key error and simply re-reads and
-writes again. ``url_count``
-moves by ``$inc`` guarded with the fetch's id (``contents.applied`` keeps the
-last 64), and a page remembers a move until its next write re-issues it
-(``counts_pending``), so a retried batch, a redelivered request or a worker
-killed between the two writes counts each URL once.
+writes again. ``url_count`` moves by ``$inc`` guarded with the fetch's id
+(``contents.applied`` keeps the last 64), and a page remembers a move until its
+next write re-issues it (``counts_pending``), so a retried batch, a redelivered
+request or a worker killed between the two writes counts each URL once.
 """
 
 from __future__ import annotations
