@@ -108,7 +108,7 @@ def utc(ts: float) -> dt.datetime:
 WriteOp = InsertOne | UpdateOne
 
 
-def bulk_upsert(collection: Collection, ops: list[WriteOp]) -> list[int]:
+def write_unordered(collection: Collection, ops: list[WriteOp]) -> list[int]:
     """``bulk_write(ordered=False)``; returns the indexes of ops that hit a duplicate key.
 
     Documents known to be new are written with ``InsertOne`` rather than an upsert:
@@ -200,8 +200,8 @@ class IndexStore:
                 if h and h not in contents and h not in new and not pages[i].get("not_modified"):
                     new[h] = self._content_doc(pages[i], ids[i])
             keys = list(new)
-            lost = {keys[k] for k in bulk_upsert(self.contents, [InsertOne(d) for d in
-                                                                   new.values()])}
+            inserts = [InsertOne(d) for d in new.values()]
+            lost = {keys[k] for k in write_unordered(self.contents, inserts)}
             contents.update({h: doc for h, doc in new.items() if h not in lost})
             contents.update(self._read_contents(lost))
             for h, doc in contents.items():
@@ -230,7 +230,7 @@ class IndexStore:
             ops.append(op)
             order.append(i)
             records[i] = record
-        conflicts = [order[k] for k in bulk_upsert(self.pages, ops)]
+        conflicts = [order[k] for k in write_unordered(self.pages, ops)]
         for i in conflicts:
             del records[i]
         # 4. url_count follows the pages that now hold (or left) a content. Guarded by the

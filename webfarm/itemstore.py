@@ -31,7 +31,7 @@ from itemadapter import ItemAdapter
 from pymongo import InsertOne, UpdateOne
 from pymongo.database import Database
 
-from webfarm.index import WriteOp, bulk_upsert
+from webfarm.index import WriteOp, write_unordered
 
 CREATED, CHANGED, UNCHANGED = "created", "changed", "unchanged"
 DEFAULT_COLLECTION = "items"
@@ -157,10 +157,10 @@ class ItemStore:
             ops: list[WriteOp] = [
                 InsertOne({"_id": key, **doc, "first_extracted_at": at}) if k in missing
                 else self._upsert(key, doc, at) for k, (key, doc, at) in docs.items()]
-            dup = bulk_upsert(coll, ops)
+            dup = write_unordered(coll, ops)
             if dup:
                 retry = list(docs.values())
-                bulk_upsert(coll, [self._upsert(*retry[i]) for i in dup])
+                write_unordered(coll, [self._upsert(*retry[i]) for i in dup])
         return results
 
     @staticmethod
