@@ -51,7 +51,8 @@ from twisted.internet import error as txerror
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 
 from webfarm.exceptions import RetryLater
-from webfarm.proxies import ProxyPool, proxies_from_settings
+from webfarm.proxies import ProxyPool
+from webfarm.proxyconfig import proxies_from_settings
 from webfarm.redisconn import redis_client
 from webfarm.urls import host_of
 
@@ -59,7 +60,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from scrapy.statscollectors import StatsCollector
 
-    from webfarm.proxies import Proxy
+    from webfarm.proxyconfig import Proxy
 
 logger = logging.getLogger(__name__)
 

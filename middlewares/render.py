@@ -133,7 +133,7 @@ class RenderMiddleware:
         if not limit:
             return
         try:
-            from webfarm.proxies import proxies_from_settings
+            from webfarm.proxyconfig import proxies_from_settings
 
             proxies = len(proxies_from_settings(settings))
         except Exception:  # noqa: BLE001 - the proxy middleware reports its own errors

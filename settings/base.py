@@ -138,7 +138,7 @@ WEBFARM_SSRF_DNS_CACHE = 30.0  # seconds a checked resolution is reused
 # (valid UTF-8 wins, else the declared one, else windows-1252); middlewares/limits.py.
 WEBFARM_CHARSET_FIX = True
 
-# --- proxy rotation (middlewares/proxies.py, webfarm/proxies.py) ---------------------
+# --- proxy rotation (middlewares/proxies.py, webfarm/proxies.py, webfarm/proxyconfig.py)
 # Off when empty. Comma/newline-separated proxy URLs (http://user:pass@host:port#name),
 # or the path of a file with one per line. Only ids (host:port or #name) reach logs,
 # stats and Redis; health is shared by all workers under webfarm:proxies:<id>.

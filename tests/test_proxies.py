@@ -20,7 +20,8 @@ from tests import runner
 from tests.proxyserver import BAN_MARKER, ProxyServer
 from webfarm import serialize
 from webfarm.exceptions import RetryLater
-from webfarm.proxies import ProxyConfigError, ProxyPool, parse_proxies
+from webfarm.proxies import ProxyPool
+from webfarm.proxyconfig import ProxyConfigError, parse_proxies
 
 SECRET = "s3cr3t-Pa55"  # must never show up in logs, stats, Redis or MongoDB
 MW = "middlewares.proxies.ProxyMiddleware"
