@@ -451,14 +451,19 @@ def test_browser_pages_go_through_one_context_per_proxy(web, redis_url, mongo_ur
                                "-s", "WEBFARM_PROXY_BROWSER_BYPASS=<-loopback>",
                                start=",".join(starts))
         pages = [h for h in web.hits_for(host=base) if h.path != "/robots.txt"]
-        assert len(pages) == 4
         assert ok.relayed_count() > 0 and auth.relayed_count() > 0
         # Every page the site served came through a proxy (robots.txt goes over HTTP).
         relayed = [e for p in (ok, auth) for e in p.entries() if e.relayed]
         assert len(relayed) >= len(web.hits_for(host=base))
         assert {e.status for e in auth.entries() if e.relayed} == {200}
     stats = stats_from(result.output)
-    assert stats["webfarm/render/browser"] == len(pages)
+    # These 4 pages and nothing else; a page fetched twice only if its request was
+    # retried through the frontier (a navigation failing under load), never silently.
+    served = sorted(h.path for h in pages)
+    assert sorted(set(served)) == sorted(u[len(base):] for u in starts), served
+    retried = stats.get("webfarm/frontier/retried", 0)
+    assert len(pages) <= 4 + retried, (served, stats)
+    assert stats["webfarm/render/browser"] == len(pages), (served, stats)
     assert stats["playwright/context_count"] == 2  # one per proxy, no more
     assert not [h for h in web.hits if "proxy-authorization" in h.headers]
     assert_no_secret(result, mongo_uri, mongo_db_name, redis_url)
