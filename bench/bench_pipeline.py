@@ -1,7 +1,7 @@
 """The full storage pipeline vs bare Scrapy vs stock scrapy-redis, crawling the same test web.
 
 Run: ``.venv/bin/python bench/bench_pipeline.py [--quick] [--runs N] [--products N]``
-(default: 3 runs of each setup, ~1000 pages a crawl, about 3 minutes).
+(default: 3 runs of each setup, ~1000 pages a crawl, about 4 minutes).
 
 It starts the test web (a subprocess, ``python -m tests.testweb``), Valkey and
 SecantusDB (tests/servers.py) and crawls one host with the ``test_products``
@@ -17,7 +17,12 @@ in three setups, each a fresh process (a fresh reactor):
   ``PriorityQueue`` and ``RFPDupeFilter`` (pickle serialisation), no pipelines;
 * **storage only** / **frontier only**: the two halves of webfarm apart (Scrapy's
   scheduler with webfarm's pipelines; webfarm's frontier with no pipelines), to
-  show which half costs what.
+  show which half costs what;
+* **webfarm x2**: two webfarm processes crawling the same frontier at once, as a
+  scrapyd deployment runs them (one Scrapy process uses one core at most; bare
+  Scrapy's in-memory scheduler cannot share a crawl between processes). Its
+  pages/s is both processes' pages from the first response to the last item, and
+  its worker CPU is per page of either process.
 
 Pages/second counts from the first response to the last item done (start-up and
 the idle wait at the end excluded). ``WEBFARM_HOST_DELAY=0``; 4 shops (hosts), as
@@ -43,7 +48,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SETUPS = ("webfarm", "bare Scrapy", "scrapy-redis", "storage only", "frontier only")
+SETUPS = ("webfarm", "bare Scrapy", "scrapy-redis", "storage only", "frontier only",
+          "webfarm x2")
+# Setups run as several crawling processes at once on one frontier (the deployed form:
+# scrapyd runs several crawl processes per machine, all sharing the Redis frontier).
+WORKERS = {"webfarm x2": 2}
 SPIDER = "test_products"
 
 
@@ -63,6 +72,8 @@ def overrides(setup: str) -> dict[str, object]:
         return {**common, **bare, "ITEM_PIPELINES": {}}
     if setup == "storage only":  # Scrapy's scheduler + webfarm's storage pipelines
         return {**common, **bare}
+    if setup in WORKERS:  # the parent flushed Redis; a later worker must not flush it again
+        return {**common, "SCHEDULER_FLUSH_ON_START": False}
     if setup == "frontier only":  # webfarm's frontier, no pipelines
         return {**common, "SCHEDULER_FLUSH_ON_START": True, "ITEM_PIPELINES": {}}
     if setup == "scrapy-redis":
@@ -108,6 +119,7 @@ def child(setup: str, start: str) -> None:
     seconds = (marks["last"] or 0) - (marks["first"] or 0)
     cpu = marks["cpu1"] - marks["cpu0"]
     print(json.dumps({"pages": marks["pages"], "items": marks["items"], "seconds": seconds,
+                      "first": marks["first"], "last": marks["last"],
                       "cpu_ms": 1000 * cpu / max(1, marks["pages"]),
                       "errors": crawler.stats.get_value("log_count/ERROR", 0),
                       "item_errors": crawler.stats.get_value("webfarm/items/gave_up", 0)}))
@@ -120,12 +132,26 @@ def cpu_seconds(pid: int) -> float:
 
 
 def run_child(setup: str, start: str, env: dict[str, str]) -> dict[str, float]:
-    proc = subprocess.run([sys.executable, __file__, "--child", setup, "--start", start],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-    if proc.returncode or not lines:
-        raise RuntimeError(f"{setup} crawl failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return json.loads(lines[-1])
+    """One crawl in ``WORKERS.get(setup, 1)`` processes at once; their pages summed over
+    the time from the first response of any to the last item of any."""
+    procs = [subprocess.Popen([sys.executable, __file__, "--child", setup, "--start", start],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for _ in range(WORKERS.get(setup, 1))]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        lines = [x for x in out.splitlines() if x.startswith("{")]
+        if proc.returncode or not lines:
+            raise RuntimeError(f"{setup} crawl failed ({proc.returncode}): {err[-2000:]}")
+        results.append(json.loads(lines[-1]))
+    if len(results) == 1:
+        return results[0]
+    pages = sum(r["pages"] for r in results)
+    results = [r for r in results if r["pages"]] or results[:1]  # a worker may get none
+    return {"pages": pages, "items": sum(r["items"] for r in results),
+            "seconds": max(r["last"] for r in results) - min(r["first"] for r in results),
+            "cpu_ms": sum(r["cpu_ms"] * r["pages"] for r in results) / max(1, pages)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,7 +254,7 @@ def report(results: dict[str, list[dict[str, float]]], reparse: list[float]) -> 
               f"{cpu[setup]:8.1f} ms {server[setup]:8.1f} ms")
     print(f"{'re-parse':14s} {pages['webfarm']:6.0f} {statistics.median(reparse):9.1f} "
           f"{statistics.median(reparse) / bare:7.2f}x")
-    for name in ("webfarm", "storage only"):
+    for name in ("webfarm", "storage only", "webfarm x2"):
         verdict = "meets" if rates[name] >= 0.8 * bare else "MISSES"
         print(f"{name} / bare Scrapy = {rates[name] / bare:.2f} ({verdict} the 0.8x target)")
     print(f"webfarm / scrapy-redis = {rates['webfarm'] / rates['scrapy-redis']:.2f}")
