@@ -21,7 +21,7 @@ from pipelines.blobs import BlobStorePipeline
 from pipelines.index import IndexPipeline
 from webfarm.blobstore import FileBlobStore, S3BlobStore, blob_key
 from webfarm.content import fingerprint
-from webfarm.index import FixedRefetch, IndexStore, load_refetch_policy
+from webfarm.index import APPLIED_KEEP, FixedRefetch, IndexStore, load_refetch_policy
 from webfarm.items import PageItem
 from webfarm.itemstore import ItemError, ItemStore, make_entry
 from webfarm.threads import StorageThreads
@@ -86,6 +86,34 @@ def test_a_retried_batch_is_applied_once(store):
     assert not any(r.new_page for r in again)
     assert {d["fetch_count"] for d in store.pages.find()} == {1}
     assert store.contents.find_one({"_id": "aa" * 32})["url_count"] == 2
+
+
+def test_url_count_stays_exact_when_more_urls_share_a_content_than_it_remembers(store):
+    """A soft-404 page shared by more URLs than ``contents.applied`` keeps fetch ids for:
+    fetching every URL again (new fetches, same content) must count none of them twice."""
+    h = "5f" * 32
+    pages = [page(f"/missing/{n}", h) for n in range(APPLIED_KEEP + 16)]
+    for i in range(0, len(pages), 10):
+        store.record_pages(pages[i:i + 10])
+    assert store.contents.find_one({"_id": h})["url_count"] == len(pages)
+    for i in range(0, len(pages), 10):
+        store.record_pages([{**p, "fetched_at": p["fetched_at"] + 60} for p in pages[i:i + 10]])
+    assert store.contents.find_one({"_id": h})["url_count"] == len(pages)
+    assert store.pages.count_documents({"counts_pending": True}) == 0
+
+
+def test_a_worker_killed_between_content_and_page_writes_counts_the_page_once(store):
+    """The content's insert counts its first page; if the worker dies before that page's
+    own write, the page's next fetch (a new fetch id) must not count it again."""
+    h = "6e" * 32
+    first = page("/killed", h, fetch_id="before-the-crash")
+    store.contents.insert_one(store._content_doc(first, url_fingerprint(first["url"])))
+    assert store.pages.count_documents({}) == 0  # the crash: the page was never written
+    record = store.record_pages([page("/killed", h)])[0]  # redelivered, fetched again
+    assert record.new_page and record.duplicate_of is None
+    assert store.contents.find_one({"_id": h})["url_count"] == 1
+    store.record_pages([page("/other", h)])  # and a second URL still counts
+    assert store.contents.find_one({"_id": h})["url_count"] == 2
 
 
 def _html(text: str, banner: str = "") -> bytes:

@@ -15,10 +15,12 @@ server's work per document.
 Exactly once under concurrency and retries: each page write is conditional on
 the ``fetch_count`` it was read with (an insert: on there being none), so of two
 workers writing one page, one gets a duplicate-key error and simply re-reads and
-writes again. ``url_count`` moves by ``$inc`` guarded with the fetch's id
-(``contents.applied`` keeps the last 64), and a page remembers a move until its
-next write re-issues it (``counts_pending``), so a retried batch, a redelivered
-request or a worker killed between the two writes counts each URL once.
+writes again. A content's first page is counted by the content's insert;
+``url_count`` then moves by ``$inc`` guarded with the fetch's id
+(``contents.applied`` keeps the last 64), and a page remembers a move until it
+is counted (``counts_pending``; a write after a crash re-issues it), so a
+retried batch, a redelivered request or a worker killed between the two writes
+counts each URL once.
 """
 
 from __future__ import annotations
@@ -234,18 +236,25 @@ class IndexStore:
         for i in conflicts:
             del records[i]
         # 4. url_count follows the pages that now hold (or left) a content. Guarded by the
-        # fetch id, so re-issuing (a retry, the next write of a page) counts once; moves
-        # of this batch to one content are one update.
+        # fetch id, so a re-issue (a retried batch; the next write after a crash) counts
+        # once; moves of this batch to one content are one update. Then the pages forget
+        # them: a content shared by many URLs keeps only the last 64 fetch ids, so a
+        # re-issue on every next write would count those pages twice.
         failed = set(conflicts)
         fresh: dict[tuple[str, int], list[str]] = {}
+        moved: dict[str, str] = {}  # page id -> fetch id, for pages whose move is counted now
         for i in order:
             page, b = pages[i], before.get(ids[i])
-            old = (b or {}).get("content_hash")
-            if i not in failed and not page.get("not_modified") and old != page["content_hash"]:
-                for content, step in ((page["content_hash"], 1), (old, -1)):
-                    if content:
-                        fresh.setdefault((content, step), []).append(
-                            f"{'+' if step > 0 else '-'}{page['fetch_id']}")
+            old, new = (b or {}).get("content_hash"), page["content_hash"]
+            if i in failed or page.get("not_modified") or old == new:
+                continue
+            if b is None and contents.get(new, {}).get("first_page_id") == ids[i]:
+                continue  # the content was inserted counting this page (_content_doc)
+            moved[ids[i]] = page["fetch_id"]
+            for content, step in ((new, 1), (old, -1)):
+                if content:
+                    fresh.setdefault((content, step), []).append(
+                        f"{'+' if step > 0 else '-'}{page['fetch_id']}")
         for (content, step), tags in fresh.items():
             counts.append(UpdateOne(
                 {"_id": content, "applied": {"$nin": tags}},
@@ -254,6 +263,10 @@ class IndexStore:
             ))
         if counts:
             self.contents.bulk_write(counts, ordered=False)
+        if moved:  # counted: the next write need not re-issue them (their tags may be gone)
+            self.pages.update_many(
+                {"_id": {"$in": list(moved)}, "fetch_id": {"$in": list(moved.values())}},
+                {"$set": {"counts_pending": False}})
         return conflicts
 
     @staticmethod
@@ -283,7 +296,12 @@ class IndexStore:
             "first_url": canonical_url(page["url"]),
             "first_page_id": pid,
             "first_seen": utc(page["fetched_at"]),
-            "url_count": 0,
+            # Its first page is counted here, not by a later $inc: most contents have one
+            # page, and an update costs the server more than the insert. If that page's
+            # own write never happens (a crash), its next fetch finds the content naming
+            # it first and no page yet, and does not count it again.
+            "url_count": 1,
+            "applied": [f"+{page['fetch_id']}"],
         }
         if page.get("simhash") is not None:
             fields["simhash"] = neardup.to_stored(page["simhash"])
@@ -357,7 +375,9 @@ class IndexStore:
             })
             if changed or b is None:
                 fields["last_changed_at"] = fetched
-            moved = (b or {}).get("content_hash") != page["content_hash"]
+            # Counted with the content's insert (first page, no page before): nothing pends.
+            folded = b is None and (content or {}).get("first_page_id") == pid
+            moved = (b or {}).get("content_hash") != page["content_hash"] and not folded
             fields["counts_pending"] = moved
             fields["prev_content_hash"] = (b or {}).get("content_hash") if moved else None
             new_content = (content or {}).get("first_page_id") == pid and (
