@@ -6,7 +6,7 @@ Run: ``.venv/bin/python bench/bench_pipeline.py [--quick] [--runs N] [--products
 It starts the test web (a subprocess, ``python -m tests.testweb``), Valkey and
 SecantusDB (tests/servers.py) and crawls one host with the ``test_products``
 spider (tests/spiders: stores every page and extracts 3 items per product page)
-in three setups, each a fresh process (a fresh reactor):
+in these setups, each in fresh processes (a fresh reactor):
 
 * **webfarm**: the project as deployed: Redis frontier (leases, per-host queues,
   Bloom dedupe), content hash + SimHash, blob store (files), MongoDB bulk
@@ -139,12 +139,18 @@ def run_child(setup: str, start: str, env: dict[str, str]) -> dict[str, float]:
                               stderr=subprocess.PIPE, text=True)
              for _ in range(WORKERS.get(setup, 1))]
     results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=600)
-        lines = [x for x in out.splitlines() if x.startswith("{")]
-        if proc.returncode or not lines:
-            raise RuntimeError(f"{setup} crawl failed ({proc.returncode}): {err[-2000:]}")
-        results.append(json.loads(lines[-1]))
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=600)
+            lines = [x for x in out.splitlines() if x.startswith("{")]
+            if proc.returncode or not lines:
+                raise RuntimeError(f"{setup} crawl failed ({proc.returncode}): {err[-2000:]}")
+            results.append(json.loads(lines[-1]))
+    finally:  # one worker failed: do not leave the other crawling
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
     if len(results) == 1:
         return results[0]
     pages = sum(r["pages"] for r in results)
