@@ -166,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--products", type=int, default=30, help="products per category")
     parser.add_argument("--categories", type=int, default=3)
     parser.add_argument("--hosts", type=int, default=4, help="shops on 127.0.0.2, .3, ...")
+    parser.add_argument("--page-kb", type=int, default=0,
+                        help="KB of review text added to every product page (real product "
+                             "pages weigh about 100 KB; content hashing grows with size)")
     parser.add_argument("--quick", action="store_true", help="1 run each, a smaller shop")
     parser.add_argument("--latency-rule", choices=("on", "off"), default="on",
                         help="webfarm's per-host latency rule (politeness); off compares "
@@ -190,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     hosts = [f"127.0.0.{2 + i}" for i in range(args.hosts)]
     web = subprocess.Popen(
         [sys.executable, "-m", "tests.testweb", *(a for h in hosts for a in ("--host", h)),
-         "--categories", str(args.categories), "--products", str(args.products)],
+         "--categories", str(args.categories), "--products", str(args.products),
+         "--reviews-kb", str(args.page_kb)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     servers_ = {"valkey": valkey, "mongo": mongo}
     try:
@@ -203,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, list[dict[str, float]]] = {s: [] for s in SETUPS}
         reparse: list[float] = []
         print(f"test web: {args.hosts} shops x {args.categories} categories x {args.products} "
-              f"products; {args.runs} runs of each setup, interleaved; per-host latency "
-              f"rule {args.latency_rule}", flush=True)
+              f"products (+{args.page_kb} KB a product page); {args.runs} runs of each setup, "
+              f"interleaved; per-host latency rule {args.latency_rule}", flush=True)
         for run in range(args.runs):
             for setup in SETUPS:
                 db = f"bench{run}"

@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--categories", type=int, default=3)
     parser.add_argument("--products", type=int, default=12, help="products per category")
     parser.add_argument("--per-page", type=int, default=5, help="products per category page")
+    parser.add_argument("--reviews-kb", type=int, default=0,
+                        help="KB of review text on every product page (default none)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log requests to stderr")
     args = parser.parse_args(argv)
     if args.verbose:
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     web = TestWeb(hosts=args.hosts or ("127.0.0.2", "127.0.0.3"), port=args.port,
                   categories=args.categories, products_per_category=args.products,
-                  per_page=args.per_page)
+                  per_page=args.per_page, reviews_kb=args.reviews_kb)
     try:
         web.start()
     except OSError as exc:

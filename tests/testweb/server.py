@@ -275,7 +275,8 @@ class TestWeb:
     __test__ = False  # not a pytest test class
 
     def __init__(self, hosts: Iterable[str] = ("127.0.0.2", "127.0.0.3"), port: int = 0,
-                 categories: int = 3, products_per_category: int = 12, per_page: int = 5) -> None:
+                 categories: int = 3, products_per_category: int = 12, per_page: int = 5,
+                 reviews_kb: int = 0) -> None:
         self.hosts = list(hosts)
         if not self.hosts:
             raise ValueError("TestWeb needs at least one host")
@@ -283,6 +284,7 @@ class TestWeb:
         self.categories = categories
         self.products_per_category = products_per_category
         self.per_page = per_page
+        self.reviews_kb = reviews_kb
         self._servers: list[_Server] = []
         self._threads: list[threading.Thread] = []
         self._shops: dict[str, Shop] = {}
@@ -304,7 +306,7 @@ class TestWeb:
         for i, (server, url) in enumerate(zip(self._servers, self.base_urls, strict=True)):
             peer = self.base_urls[1] if i == 0 and len(self.base_urls) > 1 else None
             server.shop = Shop(i, url, self.categories, self.products_per_category,
-                               self.per_page, peer_url=peer)
+                               self.per_page, peer_url=peer, reviews_kb=self.reviews_kb)
             self._shops[url] = server.shop
             thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
                                       name=f"testweb-{url}", daemon=True)

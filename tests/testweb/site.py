@@ -51,6 +51,7 @@ import gzip
 import hashlib
 import html
 import math
+import random
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
@@ -76,6 +77,14 @@ CSS = (
     "body{font-family:Georgia,serif;margin:0 auto;max-width:52em;color:#222}"
     "nav a{margin-right:1em}.price{font-weight:bold;color:#063}"
     "footer{margin-top:3em;font-size:.8em;color:#666}"
+)
+
+
+_REVIEW_WORDS = (
+    "great", "value", "arrived", "quickly", "works", "as", "described", "would", "buy",
+    "again", "the", "a", "and", "not", "very", "quite", "sturdy", "flimsy", "colour", "size",
+    "after", "weeks", "use", "recommend", "my", "family", "loves", "it", "box", "was",
+    "damaged", "but", "item", "fine", "cheaper", "than", "shop", "down", "road",
 )
 
 
@@ -123,9 +132,12 @@ class Shop:
         products_per_category: int = 12,
         per_page: int = 5,
         peer_url: str | None = None,
+        reviews_kb: int = 0,
     ) -> None:
         if categories < 1 or products_per_category < 1 or per_page < 1:
             raise ValueError("categories, products_per_category and per_page must be >= 1")
+        self.reviews_kb = max(0, reviews_kb)
+        self._reviews: dict[str, str] = {}
         self.index = index
         self.base_url = base_url.rstrip("/")
         self.per_page = per_page
@@ -302,11 +314,28 @@ class Shop:
             f"<p>Category: <a href=\"/category/{cat.slug}\">{html.escape(cat.title)}</a></p>\n"
             f"<p><a href=\"#reviews\">Read reviews</a> &middot; "
             f"<a href=\"/print/product/{p.sku}\">Printable version</a></p>\n"
-            f"<section id=\"reviews\"><h2>Reviews</h2><p>No reviews yet.</p></section>\n"
+            f"<section id=\"reviews\"><h2>Reviews</h2>{self._reviews_of(p)}</section>\n"
             f"<h2>Related products</h2><ul class=\"related\">{rel}</ul>\n</article>"
         )
         head = f'<link rel="canonical" href="/product/{p.sku}">\n'
         return self._layout(p.name, main, "product", head)
+
+    def _reviews_of(self, p: Product) -> str:
+        """``reviews_kb`` KB of review text, the same on every request and different for
+        every product (real product pages weigh about 100 KB; the default is none)."""
+        if not self.reviews_kb:
+            return "<p>No reviews yet.</p>"
+        if p.sku not in self._reviews:
+            rng = random.Random(f"{self.index}/{p.sku}")
+            words = _ADJECTIVES + _NOUNS + _REVIEW_WORDS
+            parts: list[str] = []
+            size = 0
+            while size < self.reviews_kb * 1024:
+                text = " ".join(rng.choice(words) for _ in range(rng.randint(12, 40)))
+                parts.append(f'<div class="review"><p>{text.capitalize()}.</p></div>\n')
+                size += len(parts[-1])
+            self._reviews[p.sku] = "".join(parts)
+        return self._reviews[p.sku]
 
     def _sitemap(self) -> bytes:
         urls = "".join(
