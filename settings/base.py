@@ -232,6 +232,10 @@ WEBFARM_S3_MAX_ATTEMPTS = 5  # botocore "standard" retry mode attempts per S3 ca
 # bits (<= 3 is found exactly by the 4x16-bit band index; see webfarm/neardup.py).
 WEBFARM_NEARDUP = True
 WEBFARM_NEARDUP_DISTANCE = 3
+# Helper processes that compute content hashes and SimHashes (pipelines/content.py): on
+# large pages that is tens of ms of pure Python, which in a thread would hold the GIL the
+# reactor needs. 0 = hash in the storage threads.
+WEBFARM_HASH_PROCESSES = 1
 # Extra regexes masked before content hashing (added to webfarm.content's built-in list).
 WEBFARM_VOLATILE_PATTERNS: list[str] = []
 
