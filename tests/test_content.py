@@ -140,6 +140,24 @@ def test_volatile_patterns() -> None:
     assert normalise_html(f"<p>{kept}</p>".encode()) == kept
 
 
+def test_volatile_fragments_are_masked_anywhere_in_a_large_page() -> None:
+    """Date-times are looked for around clock times only; those far into a 100 KB page,
+    next to each other or at its very ends are masked all the same."""
+    filler = " ".join(f"word{i % 97}" for i in range(12_000))  # about 100 KB of text
+    stamps = ["Wed, 01 May 2024 12:00:03 GMT", "2024-05-01T12:00:03Z", "23:59:59"]
+    other = ["Thu, 02 May 2024 08:30:00 GMT", "2024-05-02T08:30:00Z", "00:00:01"]
+
+    def page(times: list[str], ray: str) -> bytes:
+        middle = f"{filler} Updated {times[0]} and {times[1]} {filler} Ray ID: {ray}"
+        return f"<p>{times[2]} {middle} at {times[2]}</p>".encode()
+
+    a, b = page(stamps, "8a1b2c3d4e5f"), page(other, "9f8e7d6c5b4a")
+    assert h(a) == h(b)
+    assert "~ and ~" in normalise_html(a) and normalise_html(a).startswith("~ word0")
+    assert normalise_html(a).endswith("Ray ID: ~ at ~")
+    assert h(a) != h(a.replace(b"word5 ", b"word6 ", 1))
+
+
 def test_custom_volatile_patterns_replace_the_defaults() -> None:
     a = b"<p>Visitors online: 17. Updated 12:00:01</p>"
     b = b"<p>Visitors online: 42. Updated 12:00:01</p>"

@@ -66,11 +66,22 @@ _MONTH = r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?"
 _WDAY = r"(?:mon|tue|wed|thu|fri|sat|sun)[a-z]*\.?"
 
 _CLOCK = re.compile(r"\d:\d\d")  # every date-time pattern below needs one
+# A date-time match lies within this many characters before / after its clock time, so
+# those patterns run on windows around the clock times only, not the whole page.
+_CLOCK_BEFORE, _CLOCK_AFTER = 64, 100
 
-# (pattern, gate): a pattern runs only if its gate is in the lower-cased text
-# (a str) or matches the text (a regex). Python's re costs ~1 ms per pattern
-# on a 100 KB page; the gates skip most of them on pages that cannot match.
-_VOLATILE: tuple[tuple[str, str | re.Pattern[str]], ...] = (
+_Gate = str | tuple[str, ...] | re.Pattern[str]
+
+
+def _any_id(*words: str) -> tuple[str, ...]:
+    return tuple(f"{w}{sep}id" for w in words for sep in ("", "-", "_", " "))
+
+
+# (pattern, gate): a pattern runs only if its gate (a str, or any str of a tuple) is in
+# the lower-cased text, or (a regex: the clock) matches it. Python's re costs 1-9 ms per
+# pattern on a 100 KB page; the gates skip most of them on pages that cannot match. A
+# gate is tested once, on the text before any masking: a "~" put in never makes one.
+_VOLATILE: tuple[tuple[str, _Gate], ...] = (
     # ISO 8601 / SQL date-times: 2024-05-01T12:00:03.123+02:00, 2024-05-01 12:00
     (
         r"\b\d{4}-\d{2}-\d{2}[T ]\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?"
@@ -98,19 +109,20 @@ _VOLATILE: tuple[tuple[str, str | re.Pattern[str]], ...] = (
     (
         r"\b(?:generated|rendered|served|processed|built|took|loaded)\s+in\s+\d+(?:[.,]\d+)?"
         r"\s*(?:ms|msec|milliseconds?|s|secs?|seconds?)\b",
-        " in ",
+        tuple(f"{verb} in " for verb in (
+            "generated", "rendered", "served", "processed", "built", "took", "loaded")),
     ),
     # session ids in URLs (query or ;path parameter) and text
     (
         r"\b(?:jsessionid|phpsessid|sessionid|session_id|sid|aspsessionid\w*|cfid|cftoken)="
         + _VALUE,
-        "=",
+        ("sessid", "sessionid", "session_id", "sid=", "cfid=", "cftoken="),
     ),
     # CSRF tokens and nonces in URLs
     (
         r"\b(?:csrf[-_]?token|csrfmiddlewaretoken|_csrf|csrf|xsrf[-_]?token|_token"
         r"|authenticity_token|__requestverificationtoken|_wpnonce|nonce)=" + _VALUE,
-        "=",
+        ("token=", "csrf=", "nonce="),
     ),
     # cache-busters
     (
@@ -124,7 +136,7 @@ _VOLATILE: tuple[tuple[str, str | re.Pattern[str]], ...] = (
     (
         r"\b(?:request|trace|correlation|incident|ray)[-_ ]?id\s*[:#=]?\s*"
         r"(?P<v>[0-9a-z][0-9a-z-]{7,})",
-        "id",
+        ("request", "trace", "correlation", "incident", *_any_id("ray")),
     ),
 )
 
@@ -132,7 +144,7 @@ _VOLATILE: tuple[tuple[str, str | re.Pattern[str]], ...] = (
 #: normalised text. A match is replaced by ``~``; if the pattern has a group
 #: named ``v``, only that group is replaced (so ``sid=abc`` becomes ``sid=~``).
 DEFAULT_VOLATILE_PATTERNS: tuple[str, ...] = tuple(pattern for pattern, _ in _VOLATILE)
-_GATES: dict[str, str | re.Pattern[str]] = dict(_VOLATILE)
+_GATES: dict[str, _Gate] = dict(_VOLATILE)
 
 _PLACEHOLDER = "~"
 _DROP_TAGS = frozenset({"script", "style", "noscript", "template"})
@@ -144,7 +156,7 @@ _HTML_SNIFF = re.compile(rb"<!doctype\s+html|<html[\s>]|<head[\s>]|<body[\s>]", 
 @lru_cache(maxsize=32)
 def _compile(
     patterns: tuple[str | re.Pattern[str], ...],
-) -> tuple[tuple[re.Pattern[str], str | re.Pattern[str] | None], ...]:
+) -> tuple[tuple[re.Pattern[str], _Gate | None], ...]:
     return tuple(
         (p, None) if isinstance(p, re.Pattern) else (re.compile(p, re.IGNORECASE), _GATES.get(p))
         for p in patterns
@@ -160,18 +172,48 @@ def _replace_group(match: re.Match[str]) -> str:
     return whole[: start - base] + _PLACEHOLDER + whole[end - base :]
 
 
+def _mask(pattern: re.Pattern[str], text: str) -> str:
+    return pattern.sub(_replace_group if "v" in pattern.groupindex else _PLACEHOLDER, text)
+
+
+def _clock_windows(text: str) -> list[tuple[int, int]]:
+    """Merged spans around every clock time, widened to spaces (so ``\\b`` at their
+    edges means what it means in the whole text)."""
+    spans: list[tuple[int, int]] = []
+    for m in _CLOCK.finditer(text):
+        start = text.rfind(" ", 0, max(0, m.start() - _CLOCK_BEFORE)) + 1
+        end = text.find(" ", min(len(text), m.end() + _CLOCK_AFTER))
+        end = len(text) if end < 0 else end
+        if spans and start <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(end, spans[-1][1]))
+        else:
+            spans.append((start, end))
+    return spans
+
+
 def _mask_volatile(text: str, volatile: Sequence[str | re.Pattern[str]]) -> str:
     lowered = text.lower()
-    for pattern, gate in _compile(tuple(volatile)):
+    compiled = _compile(tuple(volatile))
+    clock = [p for p, gate in compiled if gate is _CLOCK]
+    if clock and _CLOCK.search(text) is not None:  # date-times: near clock times only
+        pieces, pos = [], 0
+        for start, end in _clock_windows(text):
+            window = text[start:end]
+            for pattern in clock:
+                window = _mask(pattern, window)
+            pieces += [text[pos:start], window]
+            pos = end
+        text = "".join(pieces) + text[pos:]
+    for pattern, gate in compiled:
+        if gate is _CLOCK:
+            continue
         if isinstance(gate, str) and gate not in lowered:
+            continue
+        if isinstance(gate, tuple) and not any(g in lowered for g in gate):
             continue
         if isinstance(gate, re.Pattern) and gate.search(text) is None:
             continue
-        if "v" in pattern.groupindex:
-            text = pattern.sub(_replace_group, text)
-        else:
-            text = pattern.sub(_PLACEHOLDER, text)
-        lowered = text.lower()
+        text = _mask(pattern, text)
     return text
 
 
