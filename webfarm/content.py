@@ -372,14 +372,16 @@ def simhash(text: str, bits: int = 64) -> int:
     blake = hashlib.blake2b
     digests = b"".join([blake(s.encode(), digest_size=size).digest() for s in shingles])
     n = len(shingles)
-    # Per-bit vote without a Python loop over shingles: one big integer holds
-    # all digests; bit i of every digest is (x >> i) & ones, counted by popcount.
-    x = int.from_bytes(digests, "little")
-    ones = int.from_bytes((b"\x01" + b"\x00" * (size - 1)) * n, "little")
+    # Per-bit vote without a Python loop over shingles: byte j of every digest, as one
+    # big integer of n bytes; bit k of each of them is (column >> k) & ones, counted by
+    # popcount (bit 8j+k of the little-endian digest).
+    ones = int.from_bytes(b"\x01" * n, "little")
     result = 0
-    for i in range(bits):
-        if ((x >> i) & ones).bit_count() * 2 > n:
-            result |= 1 << i
+    for j in range(size):
+        column = int.from_bytes(digests[j::size], "little")
+        for k in range(8):
+            if ((column >> k) & ones).bit_count() * 2 > n:
+                result |= 1 << (8 * j + k)
     return result
 
 
