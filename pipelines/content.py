@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
 from scrapy.crawler import Crawler
 from scrapy.settings import BaseSettings
 from scrapy.statscollectors import StatsCollector
 
+from webfarm.config import ConfigError
 from webfarm.content import fingerprint, volatile_patterns
-from webfarm.hashworker import HashWorkers
+from webfarm.hashworker import HashWorkerDied, HashWorkers
 from webfarm.items import PageItem
 from webfarm.threads import StorageThreads, storage_threads
 
@@ -46,7 +48,15 @@ class PageHasher:
         """Start a helper now (a new Python takes a few hundred ms), not on the first page."""
         if self.processes and self._workers is None:
             self._workers = HashWorkers(self.processes)
-            await self._workers.fingerprint(b"", None, None, (), False)
+            try:
+                await self._workers.fingerprint(b"", None, None, (), False)
+            except HashWorkerDied as exc:
+                self.close()
+                raise ConfigError(
+                    f"WEBFARM_HASH_PROCESSES={self.processes}: the hashing helper "
+                    f"({sys.executable} -m webfarm.hashworker) does not start ({exc}); its "
+                    "error is above. Fix that Python, or set WEBFARM_HASH_PROCESSES=0 to "
+                    "hash in the storage threads") from exc
 
     def close(self) -> None:
         if self._workers is not None:

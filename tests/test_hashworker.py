@@ -66,3 +66,15 @@ def test_closed_helpers_refuse_work_with_a_clear_error():
     workers.close()
     with pytest.raises(HashWorkerDied, match="closed"):
         run(workers.fingerprint(*ARGS))
+
+
+def test_a_helper_that_cannot_start_stops_the_crawl_with_what_to_do(monkeypatch):
+    """A Python that cannot run the helper fails at open, not on every page later."""
+    from pipelines.content import PageHasher
+    from webfarm.config import ConfigError
+    from webfarm.threads import StorageThreads
+
+    hasher = PageHasher(StorageThreads(1), DEFAULT_VOLATILE_PATTERNS, True, processes=1)
+    monkeypatch.setattr("sys.executable", "/bin/false")  # exits at once: no helper
+    with pytest.raises(ConfigError, match="WEBFARM_HASH_PROCESSES=0"):
+        run(hasher.start())
