@@ -248,8 +248,8 @@ class IndexStore:
             old, new = (b or {}).get("content_hash"), page["content_hash"]
             if i in failed or page.get("not_modified") or old == new:
                 continue
-            if b is None and contents.get(new, {}).get("first_page_id") == ids[i]:
-                continue  # the content was inserted counting this page (_content_doc)
+            if self._counted_by_insert(b, contents.get(new), ids[i]):
+                continue
             moved[ids[i]] = page["fetch_id"]
             for content, step in ((new, 1), (old, -1)):
                 if content:
@@ -268,6 +268,13 @@ class IndexStore:
                 {"_id": {"$in": list(moved)}, "fetch_id": {"$in": list(moved.values())}},
                 {"$set": {"counts_pending": False}})
         return conflicts
+
+    @staticmethod
+    def _counted_by_insert(b: dict[str, Any] | None, content: dict[str, Any] | None,
+                           pid: str) -> bool:
+        """The page holds its content first and had no document before: the content's
+        insert counted it (see :meth:`_content_doc`), so its move has nothing pending."""
+        return b is None and (content or {}).get("first_page_id") == pid
 
     @staticmethod
     def _count_ops(fetch_id: str, old: str | None, new: str | None) -> list[UpdateOne]:
@@ -375,9 +382,8 @@ class IndexStore:
             })
             if changed or b is None:
                 fields["last_changed_at"] = fetched
-            # Counted with the content's insert (first page, no page before): nothing pends.
-            folded = b is None and (content or {}).get("first_page_id") == pid
-            moved = (b or {}).get("content_hash") != page["content_hash"] and not folded
+            moved = ((b or {}).get("content_hash") != page["content_hash"]
+                     and not self._counted_by_insert(b, content, pid))
             fields["counts_pending"] = moved
             fields["prev_content_hash"] = (b or {}).get("content_hash") if moved else None
             new_content = (content or {}).get("first_page_id") == pid and (
