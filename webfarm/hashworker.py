@@ -20,6 +20,7 @@ the end of its input and exits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pickle
 import struct
@@ -97,7 +98,9 @@ class HashWorkers:
         proc.wait()
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
-                stream.close()
+                # Closing flushes what a dead helper never read: a broken pipe, nothing lost.
+                with contextlib.suppress(OSError):
+                    stream.close()
 
     def _call(self, args: tuple[Any, ...]) -> tuple[str, int | None]:
         """In an executor thread: one page to this thread's helper and back."""
