@@ -50,7 +50,10 @@ class Scrapyd:
 
     def __init__(self, name: str, folder: Path, address: str, env: dict[str, str]) -> None:
         self.name, self.folder, self.address, self.env = name, folder, address, env
-        self.port = servers.free_port(address)
+        # Free on its own address, and not in use on 127.0.0.1 either (the session's other
+        # servers listen there): the binding test below asserts that port is closed.
+        self.port = next(port for port in (servers.free_port(address) for _ in range(50))
+                         if not servers.port_open("127.0.0.1", port))
         self.url = f"http://{address}:{self.port}/"
         self.proc: subprocess.Popen | None = None
 
