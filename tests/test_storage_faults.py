@@ -36,6 +36,7 @@ class Gate:
         self.port = self.sock.getsockname()[1]
         self.open = True
         self.dropped = 0
+        self._live: set[socket.socket] = set()  # both ends of every relayed connection
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -50,6 +51,7 @@ class Gate:
                 client.close()
                 continue
             upstream = socket.create_connection(self.target)
+            self._live |= {client, upstream}
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
@@ -64,6 +66,15 @@ class Gate:
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        """Down: new connections are dropped, and open ones (boto3 keeps them alive
+        between calls) are reset, as when the endpoint itself goes away."""
+        self.open = False
+        for s in list(self._live):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        self._live.clear()
 
     def close(self) -> None:
         self.sock.close()
@@ -127,7 +138,7 @@ def test_mongodb_restart_and_s3_outage_mid_crawl_lose_nothing(web, redis_url, ow
         time.sleep(2.5)
         own_mongo.start()  # ...and back, same port, same data
         wait_pages(own_mongo.url, "faults", stored + 8)
-        gate.open = False  # then S3 unreachable (connections dropped)...
+        gate.cut()  # then S3 unreachable (connections reset and dropped)...
         time.sleep(2.5)
         gate.open = True  # ...and back
         output = finish(proc, log)
