@@ -13,7 +13,7 @@ from webfarm.batching import RETRY_SECONDS, retrying
 from webfarm.blobstore import BlobStore, blob_key, open_blob_store
 from webfarm.index import utc
 from webfarm.items import PageItem
-from webfarm.threads import StorageThreads, storage_threads
+from webfarm.threads import StorageCalls, storage_calls
 
 
 class BlobStorePipeline:
@@ -27,7 +27,7 @@ class BlobStorePipeline:
     of botocore's own ``standard`` retries); the item is not done until then.
     """
 
-    def __init__(self, store: BlobStore, stats: StatsCollector, threads: StorageThreads,
+    def __init__(self, store: BlobStore, stats: StatsCollector, threads: StorageCalls,
                  concurrency: int = 8, retry_seconds: float = RETRY_SECONDS) -> None:
         self.store = store
         self.stats = stats
@@ -45,7 +45,7 @@ class BlobStorePipeline:
             max_connections=settings.getint("WEBFARM_BLOB_CONCURRENCY", 8),
         )
         assert crawler.stats is not None
-        return cls(store, crawler.stats, storage_threads(crawler),
+        return cls(store, crawler.stats, storage_calls(crawler),
                    settings.getint("WEBFARM_BLOB_CONCURRENCY", 8),
                    settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", RETRY_SECONDS))
 

@@ -18,7 +18,7 @@ from webfarm.batching import (
 )
 from webfarm.index import IndexStore, PageRecord, RefetchPolicy, load_refetch_policy
 from webfarm.items import PageItem
-from webfarm.threads import StorageThreads, storage_threads
+from webfarm.threads import StorageCalls, storage_calls
 
 
 class IndexPipeline:
@@ -32,7 +32,7 @@ class IndexPipeline:
     """
 
     def __init__(
-        self, store: IndexStore, stats: StatsCollector, threads: StorageThreads,
+        self, store: IndexStore, stats: StatsCollector, threads: StorageCalls,
         batch_size: int = BATCH_SIZE, batch_seconds: float = BATCH_SECONDS,
         retry_seconds: float = RETRY_SECONDS, writers: int = BATCH_WRITERS,
     ) -> None:
@@ -55,7 +55,7 @@ class IndexPipeline:
             neardup_distance=distance if settings.getbool("WEBFARM_NEARDUP", True) else -1,
         )
         assert crawler.stats is not None
-        return cls(store, crawler.stats, storage_threads(crawler), **batch_options(settings))
+        return cls(store, crawler.stats, storage_calls(crawler), **batch_options(settings))
 
     async def open_spider(self) -> None:
         await self.threads.run(self.store.ensure_indexes)
@@ -65,7 +65,11 @@ class IndexPipeline:
         self.store.close()
 
     async def _write(self, pages: list[PageItem]) -> list[PageRecord]:
-        return await self.threads.run(self.store.record_pages, [vars(p) for p in pages])
+        # The index needs a body's size, not the body, and never the pending hash's future
+        # (the pages may go to the storage process).
+        docs = [{**vars(p), "body": b"", "body_size": len(p.body), "hashing": None}
+                for p in pages]
+        return await self.threads.run(self.store.record_pages, docs)
 
     async def process_item(self, item: Any) -> Any:
         if not isinstance(item, PageItem):

@@ -27,14 +27,14 @@ from webfarm.batching import (
 from webfarm.index import IndexStore
 from webfarm.items import PageItem, source_of
 from webfarm.itemstore import ItemEntry, ItemStore, make_entry
-from webfarm.threads import StorageThreads, storage_threads
+from webfarm.threads import StorageCalls, storage_calls
 from webfarm.urls import canonical_url
 
 
 class ItemStorePipeline:
     def __init__(
         self, crawler: Crawler, store: ItemStore, stats: StatsCollector,
-        threads: StorageThreads, hasher: PageHasher, batch_size: int = BATCH_SIZE,
+        threads: StorageCalls, hasher: PageHasher, batch_size: int = BATCH_SIZE,
         batch_seconds: float = BATCH_SECONDS, retry_seconds: float = RETRY_SECONDS,
         writers: int = BATCH_WRITERS,
         client: IndexStore | None = None,
@@ -57,8 +57,9 @@ class ItemStorePipeline:
                             "webfarm")
         assert crawler.stats is not None
         return cls(
-            crawler, ItemStore(client.db), crawler.stats, storage_threads(crawler),
-            page_hasher(crawler), client=client, **batch_options(settings),
+            crawler, ItemStore(client.db, uri=config.mongo_uri(settings)), crawler.stats,
+            storage_calls(crawler), page_hasher(crawler), client=client,
+            **batch_options(settings),
         )
 
     async def close_spider(self) -> None:

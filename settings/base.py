@@ -198,6 +198,8 @@ ITEM_PIPELINES = {
 }
 # Threads that run blocking storage calls (boto3, pymongo) off the reactor.
 WEBFARM_STORAGE_THREADS = 16
+# Run the pipelines' store calls (pymongo, boto3) in a helper process, off the crawler's GIL.
+WEBFARM_STORAGE_PROCESS = True
 # First refetch interval of a new page, in seconds (the refetch policy moves it later).
 WEBFARM_REFETCH_INTERVAL = _env_float("WEBFARM_REFETCH_INTERVAL", 86400.0)
 # Object computing refetch_interval/next_fetch_at on every fetch (import path; from_crawler);

@@ -5,11 +5,14 @@ frontier). Real servers, a real ``scrapy crawl`` subprocess."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import signal
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import boto3
 import pymongo
@@ -181,3 +184,42 @@ def test_storage_down_past_the_limit_sends_requests_back(web, redis_url, own_mon
     from webfarm.blobstore import open_blob_store
 
     assert_every_page_once(web, base, db, set(open_blob_store(blobs.as_uri()).iter_keys()))
+
+
+def storage_processes(parent: int) -> list[int]:
+    """Pids of the storage processes (``python -m webfarm.storeworker``) of a crawl."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat_line = Path(f"/proc/{entry}/stat").read_text()
+            command = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue  # ended meanwhile
+        ppid = int(stat_line.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and b"webfarm.storeworker" in command:
+            found.append(int(entry))
+    return found
+
+
+def test_storage_process_killed_mid_crawl_loses_nothing(web, redis_url, mongo_uri,
+                                                         mongo_db_name, tmp_path):
+    base = web.base_urls[0]
+    blobs = tmp_path / "blobs"
+    env = crawl_env(web, redis_url, mongo_uri, mongo_db_name, blobs.as_uri())
+    log = tmp_path / "crawl.log"
+    proc = runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, log)
+    try:
+        stored = wait_pages(mongo_uri, mongo_db_name, 8)
+        [helper] = storage_processes(proc.pid)
+        os.kill(helper, signal.SIGKILL)  # a crash in pymongo, the OOM killer, a stray kill
+    except BaseException:
+        proc.kill()
+        raise
+    output = finish(proc, log)
+    assert stored < len(web.expected_pages(base))  # it died mid-crawl
+    assert stat(output, "webfarm/storage/process_restarts") == 1
+    db = pymongo.MongoClient(mongo_uri)[mongo_db_name]
+    from webfarm.blobstore import open_blob_store
+
+    assert_every_page_once(web, base, db, set(open_blob_store(blobs.as_uri()).iter_keys()))
+    assert {d["fetch_count"] for d in db.pages.find()} == {1}  # no page counted twice

@@ -17,7 +17,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import quote, unquote, urlsplit
 
 META_SUFFIX = ".meta.json"
@@ -64,6 +64,9 @@ class FileBlobStore:
         self._real = os.path.realpath(self.root)
         self._dirs: set[str] = set()  # folders known to exist (saves a mkdir per write)
         self._seq = itertools.count()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FileBlobStore, (str(self.root), self.uri))
 
     def _path(self, key: str) -> Path:
         return Path(self._file(key))
@@ -161,6 +164,8 @@ class S3BlobStore:
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.endpoint_url = endpoint_url
         self.uri = uri or f"s3://{bucket}/{self.prefix}"
+        # Pickled as what opens it again (the storage process gets a client of its own).
+        self._recipe = (bucket, prefix, endpoint_url, max_connections, self.uri, max_attempts)
         config = Config(
             retries={"mode": "standard", "max_attempts": max_attempts},
             max_pool_connections=max_connections,
@@ -170,6 +175,9 @@ class S3BlobStore:
         self.client = boto3.session.Session().client(
             "s3", endpoint_url=endpoint_url, config=config
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (S3BlobStore, self._recipe)
 
     def check(self) -> None:
         from botocore.exceptions import BotoCoreError, ClientError

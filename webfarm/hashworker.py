@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import sys
@@ -143,6 +144,9 @@ class HashWorkers:
 
 def main() -> None:
     """The helper: pages in on stdin, ``(ok, result)`` out on stdout, until stdin ends."""
+    # Ctrl-C reaches the whole process group: the crawler shuts down gracefully and still
+    # needs this helper for that; it ends when its input does.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write into the reply pipe
     while True:

@@ -140,6 +140,8 @@ class IndexStore:
         self.client: pymongo.MongoClient = pymongo.MongoClient(
             uri, serverSelectionTimeoutMS=timeout_ms, tz_aware=True, retryWrites=True
         )
+        # Pickled as what opens it again (the storage process gets a client of its own).
+        self._recipe = (uri, database, timeout_ms, refetch, neardup_distance)
         self.db = self.client[database]
         self.pages = self.db["pages"]
         self.contents = self.db["contents"]
@@ -152,6 +154,9 @@ class IndexStore:
             self.pages.create_index(name)
         for name in CONTENT_INDEXES:
             self.contents.create_index(name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (IndexStore, self._recipe)
 
     def close(self) -> None:
         self.client.close()
@@ -299,7 +304,7 @@ class IndexStore:
         fields: dict[str, Any] = {
             "_id": page["content_hash"],
             "blob_key": page["blob_key"],
-            "size": len(page.get("body") or b""),
+            "size": page["body_size"] if "body_size" in page else len(page.get("body") or b""),
             "first_url": canonical_url(page["url"]),
             "first_page_id": pid,
             "first_seen": utc(page["fetched_at"]),

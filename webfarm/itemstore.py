@@ -110,9 +110,31 @@ def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None
 class ItemStore:
     """Bulk upserts of structured items; one result (created/changed/unchanged) per entry."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, uri: str | None = None) -> None:
         self.db = db
+        self.uri = uri  # with it, the store can go to the storage process (see __reduce__)
         self._indexed: set[str] = set()
+        self._owner: Any = None
+
+    @classmethod
+    def open(cls, uri: str, database: str) -> ItemStore:
+        """A store on a client of its own (closed by :meth:`close`)."""
+        from webfarm.index import IndexStore
+
+        owner = IndexStore(uri, database)
+        store = cls(owner.db, uri=uri)
+        store._owner = owner
+        return store
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as what opens it again: the storage process gets a client of its own.
+        if self.uri is None:
+            raise TypeError("an ItemStore made without uri= cannot go to another process")
+        return (ItemStore.open, (self.uri, self.db.name))
+
+    def close(self) -> None:
+        if self._owner is not None:
+            self._owner.close()
 
     def _ensure_indexes(self, collection: str, key_fields: tuple[str, ...]) -> None:
         if collection in self._indexed:

@@ -1,0 +1,152 @@
+"""Store calls in the storage process: the stores' own results from another process, a
+killed helper fails its calls as retryable and is replaced, errors come back as themselves
+(or as a stand-in that says what they were), and what cannot go there says what to do."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from webfarm.batching import TRANSIENT
+from webfarm.blobstore import FileBlobStore
+from webfarm.config import ConfigError
+from webfarm.index import IndexStore
+from webfarm.items import PageItem
+from webfarm.storeworker import RemoteStoreError, StorageProcess, StorageProcessDied
+
+
+class Unpicklable(Exception):
+    """Its constructor does not take its args back, so unpickling it fails."""
+
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(f"{what}: {why}")
+
+
+class UnpicklableDown(ConnectionError):
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(f"{host}:{port} refused")
+
+
+def raise_unpicklable() -> None:
+    raise Unpicklable("shelf", "broken")
+
+
+def raise_unpicklable_down() -> None:
+    raise UnpicklableDown("127.0.0.1", 9)
+
+
+def session(test):
+    """Run ``test(process)`` on a fresh loop with a helper of its own, then close it."""
+    async def go():
+        process = StorageProcess(4)
+        try:
+            return await asyncio.wait_for(test(process), 60)
+        finally:
+            await process.close(timeout=10)
+    return asyncio.run(go())
+
+
+def page(url: str, body: bytes) -> dict:
+    item = PageItem(url=url, final_url=url, host="127.0.0.2:80", spider="t", status=200,
+                    body=body, content_type="text/html", fetched_at=time.time(),
+                    content_hash="a" * 64, blob_key="raw/aa/" + "a" * 64)
+    return {**vars(item), "body": b"", "body_size": len(body)}
+
+
+def test_store_calls_run_in_the_helper_and_return_what_the_store_returns(
+        tmp_path, mongo_uri, mongo_db_name):
+    blobs = FileBlobStore(tmp_path / "blobs")
+    index = IndexStore(mongo_uri, mongo_db_name)
+
+    async def test(process):
+        pid = await process.run(os.getpid)
+        await process.run(index.ensure_indexes)
+        written = await asyncio.gather(*(process.run(blobs.put_once, "raw/ab/k", b"body",
+                                                     {"url": "u"}) for _ in range(3)))
+        records = await process.run(index.record_pages, [page("http://127.0.0.2/a", b"x" * 10)])
+        return pid, written, records
+
+    try:
+        pid, written, records = session(test)
+        assert pid != os.getpid()
+        assert sorted(written) == [False, False, True]  # written once, by one of the three
+        assert blobs.get("raw/ab/k") == b"body"  # a file this process reads back
+        assert records[0].new_page and records[0].new_content
+        assert index.pages.count_documents({}) == 1
+        assert index.contents.find_one()["size"] == 10  # the size came, the body did not
+    finally:
+        index.close()
+
+
+def test_a_killed_helper_fails_calls_in_flight_as_retryable_and_is_replaced(tmp_path):
+    blobs = FileBlobStore(tmp_path / "blobs")
+
+    async def test(process):
+        first = await process.run(os.getpid)
+        await process.run(blobs.put_once, "raw/aa/one", b"1", {})
+        in_flight = asyncio.ensure_future(process.run(time.sleep, 30))
+        await asyncio.sleep(0.3)
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(StorageProcessDied, match="died with the call in flight") as died:
+            await in_flight
+        assert isinstance(died.value, TRANSIENT)  # the pipelines retry it with backoff
+        # The next call starts a new helper, which is sent the store again.
+        assert await process.run(blobs.put_once, "raw/aa/two", b"2", {}) is True
+        return first, await process.run(os.getpid), process.restarts
+
+    first, second, restarts = session(test)
+    assert second != first and restarts == 1
+    assert blobs.get("raw/aa/two") == b"2"
+
+
+def test_errors_come_back_as_themselves_or_as_a_stand_in_of_their_kind(tmp_path):
+    blobs = FileBlobStore(tmp_path / "blobs")
+
+    async def test(process):
+        with pytest.raises(FileNotFoundError):  # picklable: the store's own exception
+            await process.run(blobs.get, "raw/zz/missing")
+        with pytest.raises(RemoteStoreError, match=r"Unpicklable: shelf: broken"):
+            await process.run(raise_unpicklable)
+        with pytest.raises(StorageProcessDied, match=r"UnpicklableDown: 127.0.0.1:9 refused"):
+            await process.run(raise_unpicklable_down)  # transient, so still retried
+        return process.restarts, await process.run(os.getpid)
+
+    restarts, pid = session(test)
+    assert restarts == 0 and pid != os.getpid()  # the helper kept serving
+
+
+def test_what_cannot_go_to_the_helper_is_a_config_error_saying_what_to_do():
+    async def test(process):
+        with pytest.raises(ConfigError, match="WEBFARM_STORAGE_PROCESS=False"):
+            await process.run(lambda: 1)
+        return await process.run(os.getpid)
+
+    assert session(test) != os.getpid()
+
+
+def test_a_helper_that_cannot_start_is_a_config_error(monkeypatch):
+    monkeypatch.setattr("sys.executable", "/bin/false")  # exits at once: no helper
+
+    async def test(process):
+        with pytest.raises(ConfigError, match="does not start.*WEBFARM_STORAGE_PROCESS=False"):
+            await process.run(os.getpid)
+
+    session(test)
+
+
+def test_a_closed_helper_refuses_calls_and_is_gone(tmp_path):
+    async def go():
+        process = StorageProcess(1)
+        pid = await process.run(os.getpid)
+        await process.close(timeout=10)
+        with pytest.raises(StorageProcessDied, match="closed"):
+            await process.run(os.getpid)
+        return pid
+
+    pid = asyncio.run(asyncio.wait_for(go(), 60))
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

@@ -1,0 +1,312 @@
+"""Storage calls in a helper process, so that pymongo and boto3 never hold the crawler's GIL.
+
+A storage thread in the crawling process spends about 1.5 ms of Python per page
+in pymongo's and boto3's client code (building commands, BSON, HTTP). That time
+holds the GIL, and every time the thread wakes from a socket read it takes the
+GIL back from the reactor. Measured on the test web, that cost the crawl more
+wall time than the calls' own CPU. Here the calls run in one helper process,
+``python -m webfarm.storeworker THREADS``, which has its own GIL and its own
+``THREADS`` threads; the crawler talks to it over pipes from the reactor's event
+loop, without a thread of its own.
+
+:meth:`StorageProcess.run` takes the same arguments as
+:meth:`webfarm.threads.StorageThreads.run`: a bound method of a store and its
+arguments. The store travels once, pickled (each store pickles as the recipe
+that opens it again: URI, database, options), and the helper keeps its copy.
+Results and exceptions come back pickled; an exception that cannot be pickled
+comes back as :class:`RemoteStoreError`, or as :class:`StorageProcessDied` (an
+``OSError``, so retried) when it was a transient store error.
+
+If the helper dies, every call in flight fails with :class:`StorageProcessDied`;
+the pipelines retry those with backoff (:func:`webfarm.batching.retrying`), the
+next call starts a new helper, and the leases stay unacknowledged until then.
+Every store write is idempotent, so a write the dead helper did finish is
+harmless to repeat. A helper whose parent dies sees the end of its input,
+finishes the calls it holds and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import pickle
+import signal
+import struct
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO, TypeVar
+
+from webfarm.batching import TRANSIENT
+from webfarm.config import ConfigError
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+_LEN = struct.Struct("!I")
+_HELLO = b"webfarm-storeworker\n"
+START_TIMEOUT = 60.0
+
+
+class StorageProcessDied(OSError):
+    """The helper died (or is closed) with the call in flight; the call is worth retrying."""
+
+
+class RemoteStoreError(RuntimeError):
+    """An exception from the helper that could not be sent back as itself (type: message)."""
+
+
+def _frame(obj: Any) -> bytes:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return _LEN.pack(len(data)) + data
+
+
+class StorageProcess:
+    """One helper process that runs blocking store calls for one crawler."""
+
+    def __init__(self, threads: int = 16) -> None:
+        self.threads = max(1, threads)
+        self.restarts = 0
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._starting: asyncio.Lock | None = None
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._ids = itertools.count()
+        self._stores: dict[int, Any] = {}  # kept alive so that their ids stay theirs
+        self._sent: set[int] = set()  # stores this helper holds already
+        self._closed = False
+
+    @property
+    def pid(self) -> int | None:
+        """The running helper's process id."""
+        proc = self._proc
+        return proc.pid if proc is not None and proc.returncode is None else None
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` in the helper; ``fn`` is a store's bound method or a
+        module-level function."""
+        store = getattr(fn, "__self__", None)
+        if store is not None and not isinstance(store, type) and hasattr(fn, "__func__"):
+            key: int | None = id(store)
+            target: Any = fn.__name__
+        else:
+            key, target = None, fn
+        proc = await self._ensure()
+        call_id = next(self._ids)
+        ship = key is not None and key not in self._sent
+        try:
+            payload = pickle.dumps((store if ship else None, target, args, kwargs),
+                                   protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise ConfigError(
+                f"{getattr(fn, '__qualname__', fn)!s} or its arguments cannot go to the "
+                f"storage process ({exc}); make them picklable (a store pickles as what opens "
+                "it again) or set WEBFARM_STORAGE_PROCESS=False to run storage calls in "
+                "threads") from exc
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = future
+        assert proc.stdin is not None
+        # Written at once, in order: a store's first call carries it ahead of the rest.
+        proc.stdin.write(_frame((call_id, key, payload)))
+        if ship:
+            assert key is not None
+            self._stores[key] = store
+            self._sent.add(key)
+        try:
+            await proc.stdin.drain()
+        except (ConnectionError, OSError) as exc:
+            self._pending.pop(call_id, None)
+            raise StorageProcessDied(f"the storage process died ({exc})") from exc
+        return await future
+
+    async def _ensure(self) -> asyncio.subprocess.Process:
+        if self._closed:
+            raise StorageProcessDied("the storage process is closed (the crawl is ending)")
+        if self._proc is not None and self._proc.returncode is None and not self._reader_done():
+            return self._proc
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._proc is None or self._proc.returncode is not None or self._reader_done():
+                if self._proc is not None:
+                    self.restarts += 1
+                    logger.warning("The storage process (pid %d) died; starting a new one",
+                                   self._proc.pid)
+                await self._start()
+            assert self._proc is not None
+            return self._proc
+
+    def _reader_done(self) -> bool:
+        return self._reader is not None and self._reader.done()
+
+    async def _start(self) -> None:
+        """Start a helper and wait for its hello; one that cannot start is a ConfigError."""
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        command = (sys.executable, "-m", "webfarm.storeworker", str(self.threads))
+        what = f"the storage process ({' '.join(command[:3])})"
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                env=env)
+            assert proc.stdout is not None
+            hello = await asyncio.wait_for(proc.stdout.readexactly(len(_HELLO)), START_TIMEOUT)
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+            raise ConfigError(
+                f"{what} does not start ({type(exc).__name__}: {exc}); its error is above. "
+                "Fix that Python, or set WEBFARM_STORAGE_PROCESS=False to run storage "
+                "calls in threads") from exc
+        if hello != _HELLO:
+            proc.kill()
+            raise ConfigError(f"{what} answered {hello!r}, not its hello; something in it "
+                              "writes to stdout")
+        self._proc = proc
+        self._sent = set()
+        self._reader = asyncio.ensure_future(self._read(proc))
+
+    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+        """Replies to their callers; when the helper ends, every call in flight fails."""
+        assert proc.stdout is not None
+        reason = "its output ended"
+        try:
+            while True:
+                size = _LEN.unpack(await proc.stdout.readexactly(_LEN.size))[0]
+                call_id, ok, data = pickle.loads(await proc.stdout.readexactly(size))
+                future = self._pending.pop(call_id, None)
+                if future is None or future.done():
+                    continue
+                try:
+                    result = pickle.loads(data)
+                except Exception as exc:  # e.g. a class this process cannot import
+                    future.set_exception(RemoteStoreError(
+                        f"the storage process's reply could not be read: {exc}"))
+                    continue
+                if ok:
+                    future.set_result(result)
+                else:
+                    future.set_exception(result)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+        except (pickle.UnpicklingError, EOFError, ValueError) as exc:
+            reason = f"a reply could not be read ({exc})"
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+            pending, self._pending = self._pending, {}
+            for future in pending.values():
+                if not future.done():
+                    future.set_exception(StorageProcessDied(
+                        f"the storage process died with the call in flight ({reason}); "
+                        "it is retried in a new one"))
+
+    async def close(self, timeout: float = 30.0) -> None:
+        """Let the helper finish what it holds and exit (killed after ``timeout``)."""
+        self._closed = True
+        proc, reader = self._proc, self._reader
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), timeout)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        if reader is not None:
+            await asyncio.wait([reader], timeout=5)
+        self._stores.clear()
+
+
+# -- the helper ---------------------------------------------------------------------------
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """The exception itself if it survives pickling, else a stand-in of the same kind."""
+    with contextlib.suppress(Exception):
+        pickle.loads(pickle.dumps(exc, protocol=pickle.HIGHEST_PROTOCOL))
+        return exc
+    text = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
+    if isinstance(exc, TRANSIENT):
+        return StorageProcessDied(f"transient store error in the storage process: {text}")
+    return RemoteStoreError(text)
+
+
+def _read_frame(stream: BinaryIO) -> Any:
+    header = stream.read(_LEN.size)
+    if len(header) < _LEN.size:
+        raise EOFError
+    size = _LEN.unpack(header)[0]
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError
+    return pickle.loads(data)
+
+
+def main() -> None:
+    """The helper: calls in on stdin, ``(call_id, ok, result)`` out on stdout."""
+    # Ctrl-C reaches the whole process group: the crawler shuts down gracefully and still
+    # needs this helper for that; it ends when its input does.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threads = int(sys.argv[1]) if len(sys.argv) > 1 else 16
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing else may write into the reply pipe
+    lock = threading.Lock()
+    stores: dict[int, Any] = {}
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="webfarm-store")
+
+    def reply(call_id: int, ok: bool, result: Any) -> None:
+        try:
+            data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # an unpicklable result is the caller's error, not ours
+            ok, data = False, pickle.dumps(RemoteStoreError(
+                f"the result could not be sent back: {type(exc).__name__}: {exc}"))
+        frame = _frame((call_id, ok, data))
+        with lock, contextlib.suppress(OSError):  # the parent is gone: nothing to tell
+            stdout.write(frame)
+            stdout.flush()
+
+    def serve(call_id: int, fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:  # the parent decides; this helper keeps serving
+            reply(call_id, False, _portable(exc))
+        else:
+            reply(call_id, True, result)
+
+    stdout.write(_HELLO)
+    stdout.flush()
+    while True:
+        try:
+            call_id, key, payload = _read_frame(stdin)
+        except EOFError:
+            break
+        try:
+            store, target, args, kwargs = pickle.loads(payload)
+            if key is not None:
+                if store is not None:
+                    stores[key] = store
+                fn = getattr(stores[key], target)
+            else:
+                fn = target
+        except Exception as exc:
+            reply(call_id, False, _portable(exc))
+            continue
+        pool.submit(serve, call_id, fn, args, kwargs)
+    pool.shutdown(wait=True)
+    for store in stores.values():
+        close = getattr(store, "close", None)
+        if callable(close):
+            with contextlib.suppress(Exception):
+                close()
+
+
+if __name__ == "__main__":
+    # From the module by its name, so that the errors it sends back are
+    # ``webfarm.storeworker`` classes, not ``__main__`` ones the crawler cannot load.
+    from webfarm.storeworker import main as helper_main
+
+    helper_main()
