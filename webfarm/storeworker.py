@@ -95,6 +95,7 @@ class StorageProcess:
         else:
             key, target = None, fn
         proc = await self._ensure()
+        pending = self._pending  # this helper's calls (a dying one fails only its own)
         call_id = next(self._ids)
         ship = key is not None and key not in self._sent
         try:
@@ -107,7 +108,7 @@ class StorageProcess:
                 "it again) or set WEBFARM_STORAGE_PROCESS=False to run storage calls in "
                 "threads") from exc
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._pending[call_id] = future
+        pending[call_id] = future
         assert proc.stdin is not None
         # Written at once, in order: a store's first call carries it ahead of the rest.
         proc.stdin.write(_frame((call_id, key, payload)))
@@ -118,7 +119,7 @@ class StorageProcess:
         try:
             await proc.stdin.drain()
         except (ConnectionError, OSError) as exc:
-            self._pending.pop(call_id, None)
+            pending.pop(call_id, None)
             raise StorageProcessDied(f"the storage process died ({exc})") from exc
         return await future
 
@@ -164,9 +165,11 @@ class StorageProcess:
                               "writes to stdout")
         self._proc = proc
         self._sent = set()
-        self._reader = asyncio.ensure_future(self._read(proc))
+        self._pending = {}
+        self._reader = asyncio.ensure_future(self._read(proc, self._pending))
 
-    async def _read(self, proc: asyncio.subprocess.Process) -> None:
+    async def _read(self, proc: asyncio.subprocess.Process,
+                    pending: dict[int, asyncio.Future[Any]]) -> None:
         """Replies to their callers; when the helper ends, every call in flight fails."""
         assert proc.stdout is not None
         reason = "its output ended"
@@ -174,7 +177,7 @@ class StorageProcess:
             while True:
                 size = _LEN.unpack(await proc.stdout.readexactly(_LEN.size))[0]
                 call_id, ok, data = pickle.loads(await proc.stdout.readexactly(size))
-                future = self._pending.pop(call_id, None)
+                future = pending.pop(call_id, None)
                 if future is None or future.done():
                     continue
                 try:
@@ -187,7 +190,9 @@ class StorageProcess:
                     future.set_result(result)
                 else:
                     future.set_exception(result)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+        except asyncio.IncompleteReadError:
+            pass  # the helper exited (or was killed): its output ended
+        except (ConnectionError, OSError) as exc:
             reason = f"{type(exc).__name__}: {exc}"
         except (pickle.UnpicklingError, EOFError, ValueError) as exc:
             reason = f"a reply could not be read ({exc})"
@@ -195,12 +200,12 @@ class StorageProcess:
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
-            pending, self._pending = self._pending, {}
             for future in pending.values():
                 if not future.done():
                     future.set_exception(StorageProcessDied(
                         f"the storage process died with the call in flight ({reason}); "
                         "it is retried in a new one"))
+            pending.clear()
 
     async def close(self, timeout: float = 30.0) -> None:
         """Let the helper finish what it holds and exit (killed after ``timeout``)."""
