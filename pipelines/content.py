@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from typing import Any
 
 from scrapy.crawler import Crawler
 from scrapy.settings import BaseSettings
 from scrapy.statscollectors import StatsCollector
 
-from webfarm.config import ConfigError
 from webfarm.content import fingerprint, volatile_patterns
-from webfarm.hashworker import HashWorkerDied, HashWorkers
 from webfarm.items import PageItem
+from webfarm.storeworker import StorageProcess, StorageProcessDied
 from webfarm.threads import StorageThreads, storage_threads
 
 
@@ -21,10 +19,12 @@ class PageHasher:
     """Hashes a page once, however many pipelines ask (the page pipeline and the
     structured-item pipeline both need it), off the reactor thread.
 
-    In ``processes`` helper processes (``WEBFARM_HASH_PROCESSES``, see
-    :mod:`webfarm.hashworker`), not threads: on a 100 KB page that work is about
-    50 ms of pure Python, which in a thread holds the GIL the reactor needs. If a
-    helper dies twice on one page the item fails and its request goes back to the
+    In ``processes`` helper processes (``WEBFARM_HASH_PROCESSES``, each a
+    :class:`~webfarm.storeworker.StorageProcess` of one thread), not threads: on
+    a 100 KB page that work is about 20 ms of pure Python, which in a thread
+    holds the GIL the reactor needs; and not in the storage process, where it
+    would hold up the store calls. A page whose helper dies is hashed again in a
+    new one; if that dies too the item fails and its request goes back to the
     frontier. ``processes=0`` hashes in the storage threads.
     """
 
@@ -35,7 +35,8 @@ class PageHasher:
         self.simhash = simhash
         self.stats = stats
         self.processes = max(0, processes)
-        self._workers: HashWorkers | None = None
+        self._helpers: list[StorageProcess] = []
+        self._closed = False
 
     @classmethod
     def from_settings(cls, settings: BaseSettings, threads: StorageThreads,
@@ -44,35 +45,49 @@ class PageHasher:
         return cls(threads, volatile_patterns(raw), settings.getbool("WEBFARM_NEARDUP", True),
                    stats, settings.getint("WEBFARM_HASH_PROCESSES", 1))
 
-    async def start(self) -> None:
-        """Start a helper now (a new Python takes a few hundred ms), not on the first page."""
-        if self.processes and self._workers is None:
-            self._workers = HashWorkers(self.processes)
-            try:
-                await self._workers.fingerprint(b"", None, None, (), False)
-            except HashWorkerDied as exc:
-                self.close()
-                raise ConfigError(
-                    f"WEBFARM_HASH_PROCESSES={self.processes}: the hashing helper "
-                    f"({sys.executable} -m webfarm.hashworker) does not start ({exc}); its "
-                    "error is above. Fix that Python, or set WEBFARM_HASH_PROCESSES=0 to "
-                    "hash in the storage threads") from exc
+    @property
+    def restarts(self) -> int:
+        """Helpers started again after one died."""
+        return sum(helper.restarts for helper in self._helpers)
 
-    def close(self) -> None:
-        if self._workers is not None:
-            if self.stats is not None and self._workers.restarts:
-                self.stats.set_value("webfarm/content/hash_helper_restarts",
-                                     self._workers.restarts)
-            self._workers.close()
-            self._workers = None
+    def pids(self) -> list[int]:
+        """Process ids of the running helpers."""
+        return sorted(pid for helper in self._helpers if (pid := helper.pid) is not None)
+
+    async def start(self) -> None:
+        """Start the helpers now (a new Python takes a few hundred ms), not on the first
+        page; one that cannot start is a ConfigError that says what to do."""
+        if self.processes and not self._closed:
+            await asyncio.gather(*(helper.run(fingerprint, b"", None, None, (), False)
+                                   for helper in self._ensure_helpers()))
+
+    async def close(self) -> None:
+        self._closed = True
+        if self.stats is not None and self.restarts:
+            self.stats.set_value("webfarm/content/hash_helper_restarts", self.restarts)
+        await asyncio.gather(*(helper.close() for helper in self._helpers))
+
+    def _ensure_helpers(self) -> list[StorageProcess]:
+        if not self._helpers:
+            fallback = ("set WEBFARM_HASH_PROCESSES=0 to hash in the storage threads "
+                        f"(WEBFARM_HASH_PROCESSES={self.processes} now)")
+            self._helpers = [StorageProcess(1, fallback, role="hashing")
+                             for _ in range(self.processes)]
+        return self._helpers
 
     async def _fingerprint(self, page: PageItem) -> tuple[str, int | None]:
         args = (page.body, page.content_type, page.encoding, self.volatile, self.simhash)
         if not self.processes:
             return await self.threads.run(fingerprint, *args)
-        if self._workers is None:
-            self._workers = HashWorkers(self.processes)
-        return await self._workers.fingerprint(*args)
+        if self._closed:
+            raise StorageProcessDied("the hashing helpers are closed (the crawl is ending)")
+        helper = min(self._ensure_helpers(), key=lambda h: h.in_flight)
+        try:
+            return await helper.run(fingerprint, *args)
+        except StorageProcessDied:
+            if self._closed:
+                raise
+            return await helper.run(fingerprint, *args)  # in a new helper; a second death fails
 
     async def ensure(self, page: PageItem) -> str | None:
         if page.content_hash or page.not_modified:
@@ -110,7 +125,7 @@ class ContentHashPipeline:
         await self.hasher.start()
 
     async def close_spider(self) -> None:
-        self.hasher.close()
+        await self.hasher.close()
 
     async def process_item(self, item: Any) -> Any:
         if isinstance(item, PageItem):

@@ -187,7 +187,8 @@ def test_storage_down_past_the_limit_sends_requests_back(web, redis_url, own_mon
 
 
 def storage_processes(parent: int) -> list[int]:
-    """Pids of the storage processes (``python -m webfarm.storeworker``) of a crawl."""
+    """Pids of the storage processes (``python -m webfarm.storeworker 16 storage``) of a
+    crawl (its hashing helpers run the same module with the role ``hashing``)."""
     found = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -196,7 +197,8 @@ def storage_processes(parent: int) -> list[int]:
         except OSError:
             continue  # ended meanwhile
         ppid = int(stat_line.rsplit(")", 1)[1].split()[1])
-        if ppid == parent and b"webfarm.storeworker" in command:
+        args = command.split(b"\0")
+        if ppid == parent and b"webfarm.storeworker" in args and args[-2:-1] == [b"storage"]:
             found.append(int(entry))
     return found
 

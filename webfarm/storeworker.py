@@ -67,8 +67,11 @@ def _frame(obj: Any) -> bytes:
 class StorageProcess:
     """One helper process that runs blocking store calls for one crawler."""
 
-    def __init__(self, threads: int = 16) -> None:
+    def __init__(self, threads: int = 16, fallback: str = "set WEBFARM_STORAGE_PROCESS=False "
+                 "to run storage calls in threads", role: str = "storage") -> None:
         self.threads = max(1, threads)
+        self.role = role  # on the helper's command line, for ps and top
+        self.fallback = fallback  # what the user can do instead, for the error messages
         self.restarts = 0
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -78,6 +81,11 @@ class StorageProcess:
         self._stores: dict[int, Any] = {}  # kept alive so that their ids stay theirs
         self._sent: set[int] = set()  # stores this helper holds already
         self._closed = False
+
+    @property
+    def in_flight(self) -> int:
+        """Calls sent and not answered yet."""
+        return len(self._pending)
 
     @property
     def pid(self) -> int | None:
@@ -105,8 +113,7 @@ class StorageProcess:
             raise ConfigError(
                 f"{getattr(fn, '__qualname__', fn)!s} or its arguments cannot go to the "
                 f"storage process ({exc}); make them picklable (a store pickles as what opens "
-                "it again) or set WEBFARM_STORAGE_PROCESS=False to run storage calls in "
-                "threads") from exc
+                f"it again) or {self.fallback}") from exc
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         pending[call_id] = future
         assert proc.stdin is not None
@@ -146,21 +153,25 @@ class StorageProcess:
     async def _start(self) -> None:
         """Start a helper and wait for its hello; one that cannot start is a ConfigError."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        command = (sys.executable, "-m", "webfarm.storeworker", str(self.threads))
-        what = f"the storage process ({' '.join(command[:3])})"
+        command = (sys.executable, "-m", "webfarm.storeworker", str(self.threads), self.role)
+        what = f"the {self.role} process ({' '.join(command[:3])})"
         try:
             proc = await asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 env=env)
-            assert proc.stdout is not None
+        except OSError as exc:
+            raise ConfigError(f"{what} does not start ({exc}); fix that Python, or "
+                              f"{self.fallback}") from exc
+        assert proc.stdout is not None
+        try:
             hello = await asyncio.wait_for(proc.stdout.readexactly(len(_HELLO)), START_TIMEOUT)
         except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+            await self._end(proc)
             raise ConfigError(
                 f"{what} does not start ({type(exc).__name__}: {exc}); its error is above. "
-                "Fix that Python, or set WEBFARM_STORAGE_PROCESS=False to run storage "
-                "calls in threads") from exc
+                f"Fix that Python, or {self.fallback}") from exc
         if hello != _HELLO:
-            proc.kill()
+            await self._end(proc)
             raise ConfigError(f"{what} answered {hello!r}, not its hello; something in it "
                               "writes to stdout")
         self._proc = proc
@@ -197,15 +208,24 @@ class StorageProcess:
         except (pickle.UnpicklingError, EOFError, ValueError) as exc:
             reason = f"a reply could not be read ({exc})"
         finally:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
+            await self._end(proc)
             for future in pending.values():
                 if not future.done():
                     future.set_exception(StorageProcessDied(
                         f"the storage process died with the call in flight ({reason}); "
                         "it is retried in a new one"))
             pending.clear()
+
+    @staticmethod
+    async def _end(proc: asyncio.subprocess.Process) -> None:
+        """Kill a helper that is not wanted any more, and let go of its pipes."""
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        if proc.stdin is not None:
+            proc.stdin.close()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(proc.wait(), 10)
 
     async def close(self, timeout: float = 30.0) -> None:
         """Let the helper finish what it holds and exit (killed after ``timeout``)."""
@@ -252,7 +272,8 @@ def _read_frame(stream: BinaryIO) -> Any:
 
 
 def main() -> None:
-    """The helper: calls in on stdin, ``(call_id, ok, result)`` out on stdout."""
+    """The helper (``THREADS [ROLE]``, the role only for ps): calls in on stdin,
+    ``(call_id, ok, result)`` out on stdout."""
     # Ctrl-C reaches the whole process group: the crawler shuts down gracefully and still
     # needs this helper for that; it ends when its input does.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
