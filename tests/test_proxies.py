@@ -370,8 +370,11 @@ def test_crawl_moves_off_a_banning_proxy(web, proxies, redis_url, mongo_uri, mon
     ok, auth, ban = proxies
     base = web.base_urls[0]
     setting = f"{ok.url}, {auth.url_with('crawler', SECRET)}, {ban.url}"
+    # Short cooldowns: the third ban (which retires the proxy) must come well before the end
+    # of a crawl that fetches for only a few seconds.
     result = crawl_through(setting, redis_url, mongo_uri, mongo_db_name, tmp_path, base,
-                           "-s", json_setting("WEBFARM_PROXY_BAN_MARKERS", ["IP is banned"]))
+                           "-s", json_setting("WEBFARM_PROXY_BAN_MARKERS", ["IP is banned"]),
+                           "-s", "WEBFARM_PROXY_BACKOFF_BASE=0.1")
 
     db = pymongo.MongoClient(mongo_uri)[mongo_db_name]
     assert {d["url"] for d in db.pages.find()} == web.expected_pages(base)
