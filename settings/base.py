@@ -125,7 +125,12 @@ EXTENSIONS = {
     "webfarm.throttle.HostThrottle": 500,
     "webfarm.recrawl.RecrawlExtension": 520,  # continuous recrawl (WEBFARM_RECRAWL_INTERVAL)
     "webfarm.monitor.extension.MonitorExtension": 510,
+    "webfarm.gctune.GcTuning": 530,  # fewer, cheaper garbage collections (WEBFARM_GC_*)
 }
+# Garbage collection: freeze the startup heap and raise the collector's thresholds while a
+# spider runs (webfarm/gctune.py); the thresholds are CPython's (gen0 objects, gen1, gen2).
+WEBFARM_GC_TUNING = True
+WEBFARM_GC_THRESHOLDS = [10000, 20, 20]
 
 # --- SSRF guard (middlewares/ssrf.py, webfarm/netguard.py) ---------------------------
 # Requests whose host resolves to a loopback, private, link-local (cloud metadata),
