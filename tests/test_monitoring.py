@@ -396,7 +396,13 @@ def test_scrapy_frontier_shows_figures_worst_first_json_and_watch(redis_url, rec
     watcher = runner.popen(["frontier", "generic", "--watch", "0.5"], env, log)
     servers.wait_for(lambda: log.read_text().count("REQ/MIN") >= 2, 60, "two refreshes")
     watcher.send_signal(signal.SIGINT)
-    assert watcher.wait(30) == 0  # Ctrl-C ends the watch cleanly
+    try:
+        code = watcher.wait(30)
+    except subprocess.TimeoutExpired:  # seen once in CI: keep what it printed
+        watcher.kill()
+        pytest.fail(f"Ctrl-C did not end the watch in 30 s; it printed:\n"
+                    f"{log.read_text()[-3000:]}")
+    assert code == 0  # Ctrl-C ends the watch cleanly
     text = log.read_text()
     assert "Traceback" not in text
     table_lines = text.splitlines()

@@ -1,13 +1,13 @@
 """Storage calls in a helper process, so that pymongo and boto3 never hold the crawler's GIL.
 
-A storage thread in the crawling process spends about 1.5 ms of Python per page
-in pymongo's and boto3's client code (building commands, BSON, HTTP). That time
-holds the GIL, and every time the thread wakes from a socket read it takes the
-GIL back from the reactor. Measured on the test web, that cost the crawl more
-wall time than the calls' own CPU. Here the calls run in one helper process,
-``python -m webfarm.storeworker THREADS``, which has its own GIL and its own
-``THREADS`` threads; the crawler talks to it over pipes from the reactor's event
-loop, without a thread of its own.
+Storage threads in the crawling process spent 1.2-1.8 ms of Python per page on
+the test web in pymongo's and boto3's client code (commands, BSON, HTTP). That
+time holds the GIL, and every time such a thread wakes from a socket read it
+takes the GIL back from the reactor. Here the calls run in a helper process,
+``python -m webfarm.storeworker THREADS ROLE``, with its own GIL and ``THREADS``
+threads; the crawler talks to it over pipes from the reactor's event loop,
+without a thread of its own. The hashing helpers (``WEBFARM_HASH_PROCESSES``)
+are helpers of this kind too, with one thread and the role ``hashing``.
 
 :meth:`StorageProcess.run` takes the same arguments as
 :meth:`webfarm.threads.StorageThreads.run`: a bound method of a store and its
@@ -21,8 +21,9 @@ If the helper dies, every call in flight fails with :class:`StorageProcessDied`;
 the pipelines retry those with backoff (:func:`webfarm.batching.retrying`), the
 next call starts a new helper, and the leases stay unacknowledged until then.
 Every store write is idempotent, so a write the dead helper did finish is
-harmless to repeat. A helper whose parent dies sees the end of its input,
-finishes the calls it holds and exits.
+harmless to repeat (an item written twice is counted as unchanged the second
+time). A helper whose parent dies sees the end of its input, finishes the calls
+it holds and exits.
 """
 
 from __future__ import annotations
