@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -39,10 +40,17 @@ def env_for(**overrides: str) -> dict[str, str]:
 
 
 def popen(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """Start ``scrapy ARGS`` in the background, output to ``log``."""
+    """Start ``scrapy ARGS`` in the background, output to ``log``. Its SIGINT is the default
+    even when this run inherited it ignored (a shell's background job): Python keeps an
+    ignored SIGINT ignored, and tests send Ctrl-C."""
     with open(log, "wb") as out:
         return subprocess.Popen(SCRAPY + args, cwd=ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_default_sigint)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def scrapy(args: list[str], env: dict[str, str], timeout: float = 120) -> Result:
