@@ -24,7 +24,6 @@ from webfarm.batching import (
     Batcher,
     batch_options,
 )
-from webfarm.index import IndexStore
 from webfarm.items import PageItem, source_of
 from webfarm.itemstore import ItemEntry, ItemStore, make_entry
 from webfarm.threads import StorageCalls, storage_calls
@@ -37,14 +36,12 @@ class ItemStorePipeline:
         threads: StorageCalls, hasher: PageHasher, batch_size: int = BATCH_SIZE,
         batch_seconds: float = BATCH_SECONDS, retry_seconds: float = RETRY_SECONDS,
         writers: int = BATCH_WRITERS,
-        client: IndexStore | None = None,
     ) -> None:
         self.crawler = crawler
         self.store = store
         self.stats = stats
         self.threads = threads
         self.hasher = hasher
-        self.client = client
         self.batcher: Batcher[ItemEntry, str] = Batcher(
             self._write, size=batch_size, seconds=batch_seconds, retry_seconds=retry_seconds,
             what="item write", stats=stats, stat_prefix="webfarm/items", writers=writers,
@@ -53,19 +50,15 @@ class ItemStorePipeline:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ItemStorePipeline:
         settings = crawler.settings
-        client = IndexStore(config.mongo_uri(settings), settings.get("MONGO_DATABASE") or
-                            "webfarm")
+        store = ItemStore.open(config.mongo_uri(settings),
+                               settings.get("MONGO_DATABASE") or "webfarm")
         assert crawler.stats is not None
-        return cls(
-            crawler, ItemStore(client.db, uri=config.mongo_uri(settings)), crawler.stats,
-            storage_calls(crawler), page_hasher(crawler), client=client,
-            **batch_options(settings),
-        )
+        return cls(crawler, store, crawler.stats, storage_calls(crawler), page_hasher(crawler),
+                   **batch_options(settings))
 
     async def close_spider(self) -> None:
         await self.batcher.flush()
-        if self.client is not None:
-            self.client.close()
+        self.store.close()
 
     async def _write(self, entries: list[ItemEntry]) -> list[str]:
         return await self.threads.run(self.store.write_items, entries)
