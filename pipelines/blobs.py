@@ -2,29 +2,43 @@
 
 from __future__ import annotations
 
-import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from scrapy.crawler import Crawler
 from scrapy.statscollectors import StatsCollector
 
 from webfarm import config
-from webfarm.batching import RETRY_SECONDS, retrying
+from webfarm.batching import RETRY_SECONDS, Batcher
 from webfarm.blobstore import BlobStore, blob_key, open_blob_store
 from webfarm.index import utc
 from webfarm.items import PageItem
 from webfarm.threads import StorageCalls, storage_calls
 
 
+class BlobWriteFailed(OSError):
+    """Some writes of a batch failed for now (an ``OSError``: retried with backoff)."""
+
+
+@dataclass(slots=True)
+class _Write:
+    key: str
+    body: bytes
+    metadata: dict[str, str]
+    written: bool | None = None  # None until it succeeded (a retry skips the others)
+
+
 class BlobStorePipeline:
     """Writes each :class:`PageItem`'s raw body under ``raw/<hash[:2]>/<hash>``.
 
     Runs after the content hash and before the index, so an index entry never
-    points at a blob that is not there. At most ``WEBFARM_BLOB_CONCURRENCY``
-    writes run at once (in the storage threads, never on the reactor), so a
-    slow store cannot take every storage thread from the index. A failing
-    store is retried with backoff for ``WEBFARM_STORAGE_RETRY_SECONDS`` (on top
-    of botocore's own ``standard`` retries); the item is not done until then.
+    points at a blob that is not there. Writes go to the store in batches (one
+    call to the storage process carries every write waiting while the previous
+    calls ran, so their number is not capped by that round trip), and at most
+    ``WEBFARM_BLOB_CONCURRENCY`` of them run at once (in the store's threads,
+    never on the reactor). A failing store is retried with backoff for
+    ``WEBFARM_STORAGE_RETRY_SECONDS`` (on top of botocore's own ``standard``
+    retries); the item is not done until then.
     """
 
     def __init__(self, store: BlobStore, stats: StatsCollector, threads: StorageCalls,
@@ -33,8 +47,12 @@ class BlobStorePipeline:
         self.stats = stats
         self.threads = threads
         self.concurrency = max(1, concurrency)
-        self.retry_seconds = retry_seconds
-        self._slots: asyncio.Semaphore | None = None
+        # No waiting for a batch to fill: a write goes at once when a writer is free,
+        # and the writes that come while both are busy go together next.
+        self.batcher: Batcher[_Write, bool] = Batcher(
+            self._write, size=4 * self.concurrency, seconds=0.0, writers=2,
+            retry_seconds=retry_seconds, what="blob writes", stats=stats,
+            stat_prefix="webfarm/blobs")
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> BlobStorePipeline:
@@ -49,6 +67,28 @@ class BlobStorePipeline:
                    settings.getint("WEBFARM_BLOB_CONCURRENCY", 8),
                    settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", RETRY_SECONDS))
 
+    async def close_spider(self) -> None:
+        await self.batcher.flush()
+
+    async def _write(self, writes: list[_Write]) -> list[bool]:
+        first: dict[str, _Write] = {}  # one write per key: the others find it there
+        for w in writes:
+            if w.written is None:
+                first.setdefault(w.key, w)
+        todo = list(first.values())
+        results = await self.threads.run(
+            self.store.put_many, [(w.key, w.body, w.metadata) for w in todo], self.concurrency)
+        failed = [r for r in results if isinstance(r, str)]
+        for w, result in zip(todo, results, strict=True):
+            if not isinstance(result, str):
+                w.written = result
+        for w in writes:
+            if w.written is None and first[w.key].written is not None:
+                w.written = False
+        if failed:
+            raise BlobWriteFailed(f"{len(failed)} of {len(todo)} failed, first: {failed[0]}")
+        return [bool(w.written) for w in writes]
+
     async def process_item(self, item: Any) -> Any:
         if not isinstance(item, PageItem) or item.not_modified:
             return item
@@ -62,14 +102,7 @@ class BlobStorePipeline:
         }
         if item.encoding:
             metadata["encoding"] = item.encoding
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.concurrency)
-        async with self._slots:
-            written = await retrying(
-                lambda: self.threads.run(self.store.put_once, key, item.body, metadata),
-                what=f"blob write {key}", retry_seconds=self.retry_seconds,
-                stats=self.stats, stat_prefix="webfarm/blobs",
-            )
+        written = await self.batcher.submit(_Write(key, item.body, metadata))
         self.stats.inc_value("webfarm/blobs/written" if written else "webfarm/blobs/existing")
         if written:
             self.stats.inc_value("webfarm/blobs/bytes", len(item.body))

@@ -16,6 +16,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote, unquote, urlsplit
@@ -43,18 +44,62 @@ def decompress(data: bytes) -> bytes:
     return gzip.decompress(data)
 
 
+BlobWrite = tuple[str, bytes, dict[str, str]]  # key, body, metadata
+
+
 class BlobStore(Protocol):
     uri: str
 
     def check(self) -> None: ...
     def exists(self, key: str) -> bool: ...
     def put_once(self, key: str, body: bytes, metadata: dict[str, str]) -> bool: ...
+    def put_many(self, writes: list[BlobWrite], concurrency: int = 8) -> list[bool | str]: ...
     def get(self, key: str) -> bytes: ...
     def metadata(self, key: str) -> dict[str, str]: ...
     def iter_keys(self, prefix: str = "raw/") -> Iterator[str]: ...
 
 
-class FileBlobStore:
+class _PutMany:
+    """``put_many`` for both stores: one call (one round trip to the storage process)
+    for many writes, which run ``concurrency`` at a time in a pool of the store's own."""
+
+    _pool: ThreadPoolExecutor | None = None
+    _pool_lock = threading.Lock()
+
+    def put_once(self, key: str, body: bytes, metadata: dict[str, str]) -> bool:
+        raise NotImplementedError
+
+    def put_many(self, writes: list[BlobWrite], concurrency: int = 8) -> list[bool | str]:
+        """``put_once`` for each write; per write True (written now), False (it was
+        there) or, if it failed for now (a store error worth retrying), the error as
+        text. Any other error is raised, once every write ended."""
+        from webfarm.batching import TRANSIENT
+
+        if len(writes) == 1:
+            calls = [lambda: self.put_once(*writes[0])]
+        else:
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max(1, concurrency),
+                                                    thread_name_prefix="webfarm-blob")
+            futures = [self._pool.submit(self.put_once, *w) for w in writes]
+            calls = [f.result for f in futures]
+        results: list[bool | str] = []
+        fatal: Exception | None = None
+        for call in calls:
+            try:
+                results.append(call())
+            except TRANSIENT as exc:
+                results.append(f"{type(exc).__name__}: {exc}")
+            except Exception as exc:
+                fatal = fatal or exc
+                results.append(f"{type(exc).__name__}: {exc}")
+        if fatal is not None:
+            raise fatal
+        return results
+
+
+class FileBlobStore(_PutMany):
     """Blobs as files; a write goes to a temp file, is fsynced and renamed into place,
     so a crash never leaves a half-written blob under its final name."""
 
@@ -146,7 +191,7 @@ class FileBlobStore:
                 yield path.relative_to(self.root).as_posix()
 
 
-class S3BlobStore:
+class S3BlobStore(_PutMany):
     """Blobs in an S3 bucket (AWS or any S3-compatible endpoint).
 
     botocore's "standard" retry mode handles throttling and transient errors;

@@ -1,0 +1,80 @@
+"""Batched blob writes: they travel to the storage process many at a time, the same key
+in one batch is written once, and a batch whose writes partly fail retries only those."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from scrapy.utils.test import get_crawler
+
+from pipelines.blobs import BlobStorePipeline
+from webfarm.blobstore import FileBlobStore, blob_key
+from webfarm.items import PageItem
+from webfarm.storeworker import StorageProcess
+
+HOST = "127.0.0.2:8081"
+
+
+def page(i: int, content_hash: str) -> PageItem:
+    url = f"http://{HOST}/p/{i}"
+    return PageItem(url=url, final_url=url, host=HOST, spider="t", status=200,
+                    body=b"<p>%d</p>" % i, content_type="text/html", fetched_at=time.time(),
+                    content_hash=content_hash)
+
+
+def run_pages(pipeline: BlobStorePipeline, items: list[PageItem], during=None):
+    async def scenario():
+        tasks = [asyncio.ensure_future(pipeline.process_item(i)) for i in items]
+        if during is not None:
+            await during(tasks)
+        done = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        await pipeline.threads.close()
+        return done
+
+    return asyncio.run(scenario())
+
+
+def test_blob_writes_go_to_the_storage_process_in_batches_once_per_key(tmp_path: Path):
+    store = FileBlobStore(tmp_path / "blobs")
+    crawler = get_crawler()
+    pipeline = BlobStorePipeline(store, crawler.stats, StorageProcess(4), concurrency=4)
+    hashes = [f"{i % 30:02x}" * 32 for i in range(40)]  # 10 pages repeat a content
+    items = [page(i, h) for i, h in enumerate(hashes)]
+
+    done = run_pages(pipeline, items)
+
+    assert [i.blob_key for i in done] == [blob_key(h) for h in hashes]
+    assert sorted(store.iter_keys()) == sorted({blob_key(h) for h in hashes})
+    stats = crawler.stats.get_stats()
+    assert stats["webfarm/blobs/written"] == 30 and stats["webfarm/blobs/existing"] == 10
+    assert stats["webfarm/blobs/batches"] < 40 and stats["webfarm/blobs/max_batch"] > 1
+    assert store.get(blob_key(hashes[3])) == b"<p>3</p>"
+
+
+def test_a_batch_retries_only_its_failed_writes(tmp_path: Path):
+    root = tmp_path / "blobs"
+    (root / "raw").mkdir(parents=True)
+    (root / "raw" / "ab").write_bytes(b"")  # a file where the folder must go: writes fail
+    store = FileBlobStore(root)
+    crawler = get_crawler()
+    pipeline = BlobStorePipeline(store, crawler.stats, StorageProcess(4), concurrency=4,
+                                 retry_seconds=60)
+    items = [page(0, "ab" * 32), page(1, "cd" * 32), page(2, "ef" * 32)]
+
+    async def during(tasks):
+        deadline = time.monotonic() + 10
+        while not crawler.stats.get_value("webfarm/blobs/retries"):
+            assert time.monotonic() < deadline, "the failing write was never retried"
+            await asyncio.sleep(0.05)
+        assert not tasks[0].done()  # held until its write succeeds
+        (root / "raw" / "ab").unlink()  # the store recovers
+
+    done = run_pages(pipeline, items, during)
+
+    assert [i.blob_key for i in done] == [blob_key(i.content_hash) for i in items]
+    assert sorted(store.iter_keys()) == sorted(blob_key(i.content_hash) for i in items)
+    # The writes that had succeeded were not repeated: all three count as written now.
+    assert crawler.stats.get_value("webfarm/blobs/written") == 3
+    assert crawler.stats.get_value("webfarm/blobs/existing") is None
