@@ -75,6 +75,9 @@ SCHEDULER_QUEUE_CLASS = "webfarm.frontier.Frontier"
 DUPEFILTER_CLASS = "webfarm.dupefilter.BloomDupeFilter"  # or webfarm.dupefilter.SetDupeFilter
 WEBFARM_BLOOM_CAPACITY = 1_000_000  # URLs before the Bloom filter adds a layer
 WEBFARM_BLOOM_ERROR_RATE = 0.001
+# Fingerprints a worker remembers sending to the frontier (a repeat is dropped locally, not
+# serialised and sent to Redis to be found a duplicate there); 0 = off.
+WEBFARM_RECENT_FINGERPRINTS = 100_000
 # Seconds between two requests to one host, across all workers (robots.txt Crawl-delay,
 # Retry-After and the latency rule can only make it longer).
 WEBFARM_HOST_DELAY = _env_float("WEBFARM_HOST_DELAY", 1.0)
@@ -130,7 +133,7 @@ EXTENSIONS = {
 # Garbage collection: freeze the startup heap and raise the collector's thresholds while a
 # spider runs (webfarm/gctune.py); the thresholds are CPython's (gen0 objects, gen1, gen2).
 WEBFARM_GC_TUNING = True
-WEBFARM_GC_THRESHOLDS = [10000, 20, 20]
+WEBFARM_GC_THRESHOLDS = [100000, 20, 20]
 
 # --- SSRF guard (middlewares/ssrf.py, webfarm/netguard.py) ---------------------------
 # Requests whose host resolves to a loopback, private, link-local (cloud metadata),
