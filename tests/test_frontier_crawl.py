@@ -70,6 +70,35 @@ def json_stat(log_path, name: str) -> int:
     return 0
 
 
+def test_links_a_worker_already_sent_are_dropped_before_redis(shop, stores, tmp_path):
+    base = shop.base_urls[0]
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0", WEBFARM_IDLE_TIMEOUT="2")
+    proc = runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, tmp_path / "c.log")
+    assert proc.wait(180) == 0
+    hits = [h.path for h in page_hits(shop, base)]
+    assert len(hits) == len(set(hits)) == len(shop.expected_pages(base))  # each page once
+    assert set(stored(stores)) == shop.expected_pages(base)
+    log = tmp_path / "c.log"
+    # Every page links to the shop's navigation again. One worker whose memory holds the
+    # whole crawl drops every repeat itself: Redis sees each page's request once.
+    local = json_stat(log, "webfarm/frontier/duplicates_local")
+    assert local > 2 * len(hits)
+    assert json_stat(log, "webfarm/frontier/duplicates") == local
+    assert json_stat(log, "webfarm/frontier/enqueued") == len(shop.expected_pages(base))
+
+
+def test_recent_fingerprints_are_bounded_and_forget_the_oldest_first():
+    from webfarm.dupefilter import RecentFingerprints
+
+    recent = RecentFingerprints(3)
+    for fp in range(7):
+        recent.add(fp)
+    assert [fp in recent for fp in range(7)] == [False, False, False, True, True, True, True]
+    off = RecentFingerprints(0)
+    off.add(1)
+    assert 1 not in off
+
+
 def test_kill_9_loses_nothing(shop, stores, tmp_path):
     base = shop.base_urls[0]
     env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0.15", WEBFARM_LEASE_SECONDS="3",

@@ -11,9 +11,16 @@ enqueues a page's links, so these classes only choose the mode:
 
 The fingerprint is the project's ``REQUEST_FINGERPRINTER_CLASS``
 (:class:`webfarm.urls.RequestFingerprinter`): canonical URL, method and body.
+
+Each worker also keeps :class:`RecentFingerprints`, the fingerprints it sent to
+the frontier lately: a page's navigation links repeat on every page, and a
+request the worker already sent needs neither serialising nor a trip to Redis
+to be found a duplicate.
 """
 
 from __future__ import annotations
+
+from collections.abc import Hashable
 
 from scrapy import Request
 from scrapy.dupefilters import BaseDupeFilter
@@ -35,3 +42,27 @@ class BloomDupeFilter(FrontierDupeFilter):
 
 class SetDupeFilter(FrontierDupeFilter):
     mode = "set"
+
+
+class RecentFingerprints:
+    """The last ``size`` to ``2 * size`` fingerprints added, in two generations.
+
+    Bounded on purpose: it only saves the frontier work, never decides alone. A
+    fingerprint it forgot is checked by the frontier's dupefilter as before;
+    one it holds was sent to the frontier by this worker, which would drop it.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = max(0, size)
+        self._new: set[Hashable] = set()
+        self._old: set[Hashable] = set()
+
+    def __contains__(self, fingerprint: Hashable) -> bool:
+        return fingerprint in self._new or fingerprint in self._old
+
+    def add(self, fingerprint: Hashable) -> None:
+        if not self.size:
+            return
+        if len(self._new) >= self.size:
+            self._old, self._new = self._new, set()
+        self._new.add(fingerprint)

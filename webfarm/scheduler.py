@@ -48,6 +48,7 @@ from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
 from webfarm import signals as wf_signals
+from webfarm.dupefilter import RecentFingerprints
 from webfarm.exceptions import DeadLetter, RetryLater
 from webfarm.frontier import Entry, Frontier, Popped, backoff
 from webfarm.queue import decode_request, open_frontier, request_entry
@@ -79,6 +80,8 @@ class Scheduler(BaseScheduler):
         self.backoff_base = settings.getfloat("WEBFARM_RETRY_BACKOFF_BASE", 2.0)
         self.backoff_max = settings.getfloat("WEBFARM_RETRY_BACKOFF_MAX", 600.0)
         self.flush_interval = settings.getfloat("WEBFARM_FLUSH_INTERVAL", 0.5)
+        self._recent = RecentFingerprints(settings.getint("WEBFARM_RECENT_FINGERPRINTS",
+                                                          100_000))
         self.worker = f"{socket.gethostname()}:{os.getpid()}:{token_hex(3)}"
         self.frontier: Frontier | None = None
         self.spider: Spider | None = None
@@ -173,12 +176,21 @@ class Scheduler(BaseScheduler):
         # lease; the parent is acknowledged when its download finishes, not here.
         request.meta.pop(LEASE, None)
         request.meta.pop(ATTEMPTS, None)
+        fingerprint = None
+        if not request.dont_filter:
+            fingerprint = self.crawler.request_fingerprinter.fingerprint(request)
+            if fingerprint in self._recent:  # this worker sent it: the frontier has it
+                self._inc("webfarm/frontier/duplicates")
+                self._inc("webfarm/frontier/duplicates_local")
+                return False  # dropped, as Scrapy's own scheduler drops a duplicate
         try:
             entry = request_entry(request, self.spider, self.crawler.request_fingerprinter)
         except SerializationError as exc:
             logger.error("Cannot queue %s: %s", request, exc)
             self._inc("webfarm/frontier/unserializable")
             return False
+        if fingerprint is not None:
+            self._recent.add(fingerprint)
         self._push.append(entry)
         if len(self._push) >= PUSH_BATCH:
             self._flush()
