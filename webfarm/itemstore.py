@@ -36,6 +36,8 @@ from webfarm.index import WriteOp, write_unordered
 CREATED, CHANGED, UNCHANGED = "created", "changed", "unchanged"
 DEFAULT_COLLECTION = "items"
 _RESERVED = ("_collection", "_key", "_id")
+# Values ItemAdapter.asdict() keeps as they are: a flat item needs no walk (a per-item cost).
+_PLAIN = (str, int, float, bytes, dt.datetime, type(None))
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,100}$")
 
@@ -88,7 +90,12 @@ def item_hash(fields: dict[str, Any]) -> str:
 def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None,
                extracted_at: dt.datetime) -> ItemEntry:
     """What to store for one item; raises ItemError for a missing key or unstorable value."""
-    fields = {k: v for k, v in ItemAdapter(item).asdict().items() if k not in _RESERVED}
+    adapter = ItemAdapter(item)
+    fields = dict(adapter.items())
+    if not all(isinstance(v, _PLAIN) for v in fields.values()):
+        fields = adapter.asdict()  # nested items, lists, dicts: converted all the way down
+    for name in _RESERVED:
+        fields.pop(name, None)
     collection = collection_of(item, spider)
     key_fields = key_fields_of(item, spider)
     values = {**fields, "source_url": source_url}
