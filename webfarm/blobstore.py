@@ -75,20 +75,18 @@ class _PutMany:
         text. Any other error is raised, once every write ended."""
         from webfarm.batching import TRANSIENT
 
-        if len(writes) == 1:
-            calls = [lambda: self.put_once(*writes[0])]
-        else:
-            with self._pool_lock:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(max(1, concurrency),
-                                                    thread_name_prefix="webfarm-blob")
-            futures = [self._pool.submit(self.put_once, *w) for w in writes]
-            calls = [f.result for f in futures]
+        # Always in the pool, even a single write: calls of two writers at once must not
+        # run more than ``concurrency`` writes between them.
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max(1, concurrency),
+                                                thread_name_prefix="webfarm-blob")
+        futures = [self._pool.submit(self.put_once, *w) for w in writes]
         results: list[bool | str] = []
         fatal: Exception | None = None
-        for call in calls:
+        for future in futures:
             try:
-                results.append(call())
+                results.append(future.result())
             except TRANSIENT as exc:
                 results.append(f"{type(exc).__name__}: {exc}")
             except Exception as exc:
