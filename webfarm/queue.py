@@ -97,13 +97,15 @@ def request_dict(request: Request, spider: Spider | None) -> dict[str, Any]:
     return d
 
 
-def request_entry(request: Request, spider: Spider | None, fingerprinter: Any) -> Entry:
-    """A frontier entry for ``request``: politeness host, priority, fingerprint, JSON."""
+def request_entry(request: Request, spider: Spider | None, fingerprinter: Any,
+                  fingerprint: bytes | None = None) -> Entry:
+    """A frontier entry for ``request``: politeness host, priority, fingerprint, JSON
+    (``fingerprint``: the request's, if the caller computed it already)."""
     payload = serialize.dumps(request_dict(request, spider))
     return Entry(
         host=host_of(request.url),
         priority=int(request.priority),
-        fingerprint=fingerprinter.fingerprint(request),
+        fingerprint=fingerprinter.fingerprint(request) if fingerprint is None else fingerprint,
         payload=payload,
         dont_filter=bool(request.dont_filter),
     )

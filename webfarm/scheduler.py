@@ -184,7 +184,8 @@ class Scheduler(BaseScheduler):
                 self._inc("webfarm/frontier/duplicates_local")
                 return False  # dropped, as Scrapy's own scheduler drops a duplicate
         try:
-            entry = request_entry(request, self.spider, self.crawler.request_fingerprinter)
+            entry = request_entry(request, self.spider, self.crawler.request_fingerprinter,
+                                  fingerprint)
         except SerializationError as exc:
             logger.error("Cannot queue %s: %s", request, exc)
             self._inc("webfarm/frontier/unserializable")
