@@ -176,6 +176,8 @@ class RenderMiddleware:
                     "on" if self.api else "off")
 
     def spider_closed(self, spider: Spider) -> None:
+        if self.memory is not None:
+            self.memory.flush()
         refused = browser.take_refusals()
         if refused:
             self.stats.inc_value(f"{PREFIX}/browser_refused", len(refused))

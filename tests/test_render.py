@@ -108,6 +108,37 @@ def test_probe_notices_a_host_that_stopped_needing_javascript(web, stores, redis
     assert methods.count("browser") == 1 and methods.count("http") == 8  # home, then flipped
 
 
+def test_plain_pages_are_counted_in_batches_and_a_js_page_at_once(redis_url):
+    """A page that did not need JavaScript on an http host cannot change its mode: it is
+    counted with others in one round trip. One that needed it goes to Redis at once."""
+    client = redis.Redis.from_url(redis_url)
+    host = f"batch-{uuid.uuid4().hex[:8]}.test"
+    memory = HostMemory(client, "generic", 3600, min_pages=2, share=0.2, batch_size=5,
+                        batch_seconds=60)
+    key = memory.key(host)
+    assert memory.observe(host, False) == "http"  # unknown host: asked at once
+    assert client.hget(key, "ok") == b"1"
+    for _ in range(3):
+        assert memory.observe(host, False) == "http"
+    assert client.hget(key, "ok") == b"1"  # counted, not sent yet
+    assert memory.observe(host, True) == "http"  # sent with the 3 before it, in order
+    assert (client.hget(key, "ok"), client.hget(key, "js")) == (b"4", b"1")
+    for _ in range(5):  # the fifth fills the batch
+        memory.observe(host, False)
+    assert client.hget(key, "ok") == b"9"
+    memory.observe(host, False)
+    memory.flush()  # what the middleware does when the spider closes
+    assert client.hget(key, "ok") == b"10"
+    # Another worker's pages flip the host to the browser; this worker's plain pages, once
+    # sent, flip it back (an HTTP fetch that was enough), as a single observation would.
+    other = HostMemory(client, "generic", 3600, min_pages=2, share=0.2)
+    other.observe(host, True)
+    assert other.observe(host, True) == "browser"
+    memory.observe(host, False)  # this worker still holds "http"
+    memory.flush()
+    assert client.hget(key, "mode") == b"http"
+
+
 def test_render_check_selector_escalates_pages_missing_it(web, stores):
     host = web.base_urls[1].split("//")[1]
     site = JsSite(pages=4, is_js=lambda n: n % 2 == 1, style="widget").install(web, host)
