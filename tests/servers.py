@@ -136,7 +136,7 @@ def secantus(data_dir: Path | None = None, test_commands: bool = True) -> Server
     argv = [
         _require(BIN / "secantusd-py", "pip install -e '.[local]'"),
         "--host", "127.0.0.1", "--port", str(port), "--storage-path", str(data_dir / "db"),
-        "--log-level", "WARNING",
+        "--log-level", "WARNING", "--standalone",  # as webfarm/services.py runs it
     ]
     if test_commands:
         argv.append("--enable-test-commands")
