@@ -228,6 +228,40 @@ def test_an_item_is_done_only_when_its_batch_is_stored(store):
     assert crawler.stats.get_value("webfarm/index/retries") >= 1
 
 
+def _held_page(i: int) -> PageItem:
+    url = f"http://{HOST}/quiet/{i}"
+    return PageItem(url=url, final_url=url, host=HOST, spider="t", status=200, body=b"b",
+                    fetched_at=time.time(), content_hash=f"{i:02x}" * 32,
+                    blob_key=f"raw/{i:02x}/x")
+
+
+def test_a_batch_waits_for_more_pages_only_while_they_keep_coming(store):
+    """The end of a crawl (or a lull) writes what is pending after 50 ms without a new
+    page, not after WEBFARM_INDEX_BATCH_SECONDS; a steady stream still fills one batch."""
+    crawler = get_crawler()
+    pipeline = IndexPipeline(store, crawler.stats, StorageThreads(2), batch_size=500,
+                             batch_seconds=10, retry_seconds=30)
+
+    async def scenario() -> tuple[float, float]:
+        started = time.monotonic()
+        await asyncio.wait_for(pipeline.process_item(_held_page(0)), 20)
+        lone = time.monotonic() - started
+        tasks = []
+        for i in range(1, 31):  # a page every 10 ms: never quiet for 50 ms
+            tasks.append(asyncio.ensure_future(pipeline.process_item(_held_page(i))))
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        await asyncio.wait_for(asyncio.gather(*tasks), 20)
+        return lone, time.monotonic() - started
+
+    lone, stream_tail = asyncio.run(scenario())
+    assert lone < 2.0  # not the 10 s window
+    assert stream_tail < 2.0
+    assert store.pages.count_documents({}) == 31
+    # one batch for the lone page, and the stream (1 at most 2, if the machine stalled)
+    assert 2 <= crawler.stats.get_value("webfarm/index/batches") <= 3
+
+
 def test_a_write_failing_past_the_limit_fails_the_item(store):
     from webfarm.batching import StorageUnavailable
 

@@ -8,11 +8,13 @@ otherwise a ``kill -9`` between the two would lose an acknowledged page. Each
 could not be (the request then goes back to the frontier, see
 :meth:`webfarm.scheduler.Scheduler.item_error`).
 
-A batch is written when it holds ``size`` entries or its oldest entry waited
-``seconds``; up to ``writers`` batches are written at once (the index's writes
-are safe in any order), and while they are busy the next batch fills (group
-commit). A failing store is retried with exponential backoff (full jitter) for
-up to ``retry_seconds``.
+A batch is written when it holds ``size`` entries, its oldest entry waited
+``seconds``, or no entry came for ``quiet`` seconds (nothing more is on its way:
+the end of a crawl, a lull; waiting longer would only delay the acks); up to
+``writers`` batches are written at once (the index's writes are safe in any
+order), and while they are busy the next batch fills (group commit). A failing
+store is retried with exponential backoff (full jitter) for up to
+``retry_seconds``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ R = TypeVar("R")
 BATCH_SIZE = 200
 BATCH_SECONDS = 0.5
 BATCH_WRITERS = 2
+QUIET_SECONDS = 0.05  # a crawl at speed sends a page every few ms; 50 ms without one is a lull
 RETRY_SECONDS = 300.0
 
 
@@ -119,6 +122,7 @@ class Batcher(Generic[E, R]):
         self, write: Callable[[list[E]], Awaitable[list[R]]], *, size: int, seconds: float,
         retry_seconds: float, what: str, stats: StatsCollector | None = None,
         stat_prefix: str = "webfarm/storage", writers: int = 1,
+        quiet: float = QUIET_SECONDS,
     ) -> None:
         self.write = write
         self.size = max(1, size)
@@ -128,6 +132,8 @@ class Batcher(Generic[E, R]):
         self.stats = stats
         self.stat_prefix = stat_prefix
         self.writers = max(1, writers)
+        self.quiet = min(max(0.0, quiet), self.seconds)
+        self._last = 0.0  # when the newest entry came
         self._pending: list[tuple[E, asyncio.Future[R], float]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._active: set[asyncio.Future[None]] = set()
@@ -136,7 +142,8 @@ class Batcher(Generic[E, R]):
         """Returns the entry's result once its batch is stored; raises if it never was."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
-        self._pending.append((entry, future, time.monotonic()))
+        self._last = time.monotonic()
+        self._pending.append((entry, future, self._last))
         self._kick()
         return await future
 
@@ -148,15 +155,20 @@ class Batcher(Generic[E, R]):
                 continue
             await asyncio.wait(set(self._active))
 
+    def _due_at(self) -> float:
+        """When the pending batch is due by time: its oldest entry's deadline, or sooner
+        when entries stopped coming."""
+        return min(self._pending[0][2] + self.seconds, self._last + self.quiet)
+
     def _due(self) -> bool:
         return len(self._pending) >= self.size or (
-            bool(self._pending) and time.monotonic() - self._pending[0][2] >= self.seconds)
+            bool(self._pending) and time.monotonic() >= self._due_at())
 
     def _kick(self) -> None:
         while self._pending and len(self._active) < self.writers and self._due():
             self._start()
         if self._pending and len(self._active) < self.writers and self._timer is None:
-            wait = max(0.0, self._pending[0][2] + self.seconds - time.monotonic())
+            wait = max(0.0, self._due_at() - time.monotonic())
             self._timer = asyncio.get_running_loop().call_later(wait, self._on_timer)
 
     def _start(self) -> None:
