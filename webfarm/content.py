@@ -50,6 +50,8 @@ import lxml.html
 from lxml import etree
 from w3lib.encoding import html_to_unicode, http_content_type_encoding
 
+from webfarm.neardup import hamming, simhash  # the near-duplicate half, kept there
+
 __all__ = [
     "DEFAULT_VOLATILE_PATTERNS",
     "content_hash",
@@ -346,47 +348,6 @@ def content_hash(
         encoding = http_content_type_encoding(content_type)
     text = normalise_html(body, encoding, volatile)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-_WORD = re.compile(r"\w+")
-
-
-def simhash(text: str, bits: int = 64) -> int:
-    """SimHash of ``text`` over word 3-shingles (lower-cased ``\\w+`` words).
-
-    Stable across processes and machines (BLAKE2b, not ``hash()``), so values
-    can be stored. ``bits`` is a multiple of 8 up to 512. Texts of fewer than
-    three words are one shingle; an empty text is 0.
-    """
-    if bits % 8 or not 8 <= bits <= 512:
-        raise ValueError(f"bits must be a multiple of 8 in 8..512, not {bits}")
-    words = _WORD.findall(text.lower())
-    if not words:
-        return 0
-    if len(words) < 3:
-        shingles = [" ".join(words)]
-    else:
-        shingles = [f"{a} {b} {c}" for a, b, c in zip(words, words[1:], words[2:], strict=False)]
-    size = bits // 8
-    blake = hashlib.blake2b
-    digests = b"".join([blake(s.encode(), digest_size=size).digest() for s in shingles])
-    n = len(shingles)
-    # Per-bit vote without a Python loop over shingles: byte j of every digest, as one
-    # big integer of n bytes; bit k of each of them is (column >> k) & ones, counted by
-    # popcount (bit 8j+k of the little-endian digest).
-    ones = int.from_bytes(b"\x01" * n, "little")
-    result = 0
-    for j in range(size):
-        column = int.from_bytes(digests[j::size], "little")
-        for k in range(8):
-            if ((column >> k) & ones).bit_count() * 2 > n:
-                result |= 1 << (8 * j + k)
-    return result
-
-
-def hamming(a: int, b: int) -> int:
-    """Number of differing bits between two simhashes."""
-    return (a ^ b).bit_count()
 
 
 def fingerprint(
