@@ -133,7 +133,6 @@ class Batcher(Generic[E, R]):
         self.stat_prefix = stat_prefix
         self.writers = max(1, writers)
         self.quiet = min(max(0.0, quiet), self.seconds)
-        self._last = 0.0  # when the newest entry came
         self._pending: list[tuple[E, asyncio.Future[R], float]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._active: set[asyncio.Future[None]] = set()
@@ -142,8 +141,7 @@ class Batcher(Generic[E, R]):
         """Returns the entry's result once its batch is stored; raises if it never was."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
-        self._last = time.monotonic()
-        self._pending.append((entry, future, self._last))
+        self._pending.append((entry, future, time.monotonic()))
         self._kick()
         return await future
 
@@ -157,8 +155,8 @@ class Batcher(Generic[E, R]):
 
     def _due_at(self) -> float:
         """When the pending batch is due by time: its oldest entry's deadline, or sooner
-        when entries stopped coming."""
-        return min(self._pending[0][2] + self.seconds, self._last + self.quiet)
+        when entries stopped coming (the newest pending one is the newest submitted)."""
+        return min(self._pending[0][2] + self.seconds, self._pending[-1][2] + self.quiet)
 
     def _due(self) -> bool:
         return len(self._pending) >= self.size or (
