@@ -18,14 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from webfarm import procs
+
 BIN = Path(sys.executable).parent
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     """Return a port that was free on ``host`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return procs.free_port(host)
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:

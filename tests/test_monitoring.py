@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -97,12 +96,6 @@ def shops() -> Iterator[TestWeb]:
         yield web
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def settings_args(values: dict[str, str]) -> list[str]:
     return [arg for k, v in values.items() for arg in ("-s", f"{k}={v}")]
 
@@ -152,7 +145,7 @@ def test_403_mid_crawl_alerts_and_recovers_prometheus_and_table(shops, stores, r
     state = {"broken": False}
     shops.clear_routes()
     shops.route("/", endless(state), host=flaky)
-    port = free_port()
+    port = servers.free_port()
     env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0.05", WEBFARM_IDLE_TIMEOUT="0",
                          WEBFARM_RENDER="http", WEBFARM_ALERT_WEBHOOK=receiver.url)
     args = ["crawl", "generic", "-a", "start=" + ",".join(u + "/" for u in shops.base_urls),
