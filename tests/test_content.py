@@ -140,6 +140,14 @@ def test_volatile_patterns() -> None:
     assert normalise_html(f"<p>{kept}</p>".encode()) == kept
 
 
+def test_unicode_spaces_collapse_like_ascii_ones() -> None:
+    """No-break, thin, ideographic spaces and line separators are whitespace too: a page
+    that only swaps them for spaces is the same content."""
+    odd = "<p>Blue\u00a0kettle\u3000\u2009 now\u2028\x1fhere\u205f</p><p>\u00a0</p>"
+    assert normalise_html(odd.encode()) == "Blue kettle now here"
+    assert h(odd.encode()) == h(b"<p>Blue kettle now here</p>")
+
+
 def test_volatile_fragments_are_masked_anywhere_in_a_large_page() -> None:
     """Date-times are looked for around clock times only; those far into a 100 KB page,
     next to each other or at its very ends are masked all the same."""

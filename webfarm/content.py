@@ -311,11 +311,14 @@ def normalise_html(
     pieces = _pieces_lxml(text)
     if pieces is None:
         pieces = _pieces_regex(text)
-    # Every element boundary becomes a space, so indentation never matters.
-    joined = _WS.sub(" ", " ".join(pieces)).strip()
+    # Every element boundary becomes a space, so indentation never matters. str.split()
+    # splits on exactly what re's \s matches, at a third of _WS.sub's cost on big pages.
+    joined = " ".join(" ".join(pieces).split())
     joined = unicodedata.normalize("NFC", joined)
     if volatile:
-        joined = _WS.sub(" ", _mask_volatile(joined, volatile)).strip()
+        masked = _mask_volatile(joined, volatile)
+        if masked != joined:  # most pages have nothing volatile: no second pass
+            joined = " ".join(masked.split())
     return joined
 
 
