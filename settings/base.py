@@ -229,9 +229,10 @@ WEBFARM_REFETCH_MEMORY = 30  # checks a page's change-rate estimate remembers (d
 WEBFARM_RECRAWL_INTERVAL = _env_float("WEBFARM_RECRAWL_INTERVAL", 0.0)
 WEBFARM_RECRAWL_BATCH = 10_000  # most overdue pages enqueued per round
 # Pages (or items) per bulk write, and the longest a page waits for its batch (seconds);
-# an item is done, and its request acknowledged, only once its batch is written.
+# an item is done, and its request acknowledged, only once its batch is written. Its
+# response counts against SCRAPER_SLOT_MAX_ACTIVE_SIZE until then: keep the window short.
 WEBFARM_INDEX_BATCH_SIZE = 200
-WEBFARM_INDEX_BATCH_SECONDS = 0.5
+WEBFARM_INDEX_BATCH_SECONDS = 0.1
 WEBFARM_INDEX_WRITERS = 2  # batches written at once (pages and items, each)
 # A failing MongoDB/S3 is retried with backoff this long; then the request goes back to the
 # frontier (retried later, nothing acknowledged).
