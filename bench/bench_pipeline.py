@@ -1,7 +1,8 @@
 """The full storage pipeline vs bare Scrapy vs stock scrapy-redis, crawling the same test web.
 
-Run: ``.venv/bin/python bench/bench_pipeline.py [--quick] [--runs N] [--products N]``
-(default: 3 runs of each setup, ~1000 pages a crawl, about 4 minutes).
+Run: ``.venv/bin/python bench/bench_pipeline.py [--quick] [--runs N] [--products N]
+[--page-kb KB] [--set NAME=VALUE ...]`` (default: 3 runs of each setup, ~800 pages a
+crawl, about 6 minutes). ``--set`` tries a tuning on every webfarm setup.
 
 It starts the test web (a subprocess, ``python -m tests.testweb``), Valkey and
 SecantusDB (tests/servers.py) and crawls one host with the ``test_products``
@@ -66,10 +67,13 @@ def overrides(setup: str) -> dict[str, object]:
         # The per-host latency rule keeps about one request per host in flight (politeness
         # bare Scrapy does not have); off, the setups compare overhead alone.
         common["WEBFARM_AUTOTHROTTLE"] = False
+    extra = json.loads(os.environ.get("WF_BENCH_SET") or "{}")  # --set, webfarm setups only
     bare = {"SCHEDULER": "scrapy.core.scheduler.Scheduler",
             "DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter"}
     if setup == "bare Scrapy":
         return {**common, **bare, "ITEM_PIPELINES": {}}
+    if setup != "scrapy-redis":
+        common.update(extra)
     if setup == "storage only":  # Scrapy's scheduler + webfarm's storage pipelines
         return {**common, **bare}
     if setup in WORKERS:  # the parent flushed Redis; a later worker must not flush it again
@@ -103,6 +107,7 @@ def child(setup: str, start: str) -> None:
     marks = {"first": None, "last": None, "pages": 0, "items": 0, "cpu0": 0.0, "cpu1": 0.0}
 
     def response_received(**kw: object) -> None:
+        marks["last_response"] = time.perf_counter()
         if marks["first"] is None:
             marks["first"] = time.perf_counter()
             marks["cpu0"] = time.process_time()
@@ -120,6 +125,8 @@ def child(setup: str, start: str) -> None:
     cpu = marks["cpu1"] - marks["cpu0"]
     print(json.dumps({"pages": marks["pages"], "items": marks["items"], "seconds": seconds,
                       "first": marks["first"], "last": marks["last"],
+                      "last_response": marks.get("last_response", 0),
+                      "tail": (marks["last"] or 0) - marks.get("last_response", 0),
                       "cpu_ms": 1000 * cpu / max(1, marks["pages"]),
                       "errors": crawler.stats.get_value("log_count/ERROR", 0),
                       "item_errors": crawler.stats.get_value("webfarm/items/gave_up", 0)}))
@@ -157,6 +164,7 @@ def run_child(setup: str, start: str, env: dict[str, str]) -> dict[str, float]:
     results = [r for r in results if r["pages"]] or results[:1]  # a worker may get none
     return {"pages": pages, "items": sum(r["items"] for r in results),
             "seconds": max(r["last"] for r in results) - min(r["first"] for r in results),
+            "tail": max(r["last"] for r in results) - max(r["last_response"] for r in results),
             "cpu_ms": sum(r["cpu_ms"] * r["pages"] for r in results) / max(1, pages)}
 
 
@@ -173,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-rule", choices=("on", "off"), default="on",
                         help="webfarm's per-host latency rule (politeness); off compares "
                              "overhead alone")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting for every setup but bare Scrapy and scrapy-redis "
+                             "(VALUE as JSON, else a string), to measure a tuning")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--start", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -204,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         env.update(REDIS_URL=valkey.url, MONGO_URI=mongo.url, WEBFARM_HOST_DELAY="0",
                    WEBFARM_ALLOWED_NETWORKS="127.0.0.0/8", WEBFARM_IDLE_TIMEOUT="1")
         env["WF_BENCH_LATENCY_RULE"] = args.latency_rule
+        env["WF_BENCH_SET"] = json.dumps(dict(setting(s) for s in args.set))
         results: dict[str, list[dict[str, float]]] = {s: [] for s in SETUPS}
         reparse: list[float] = []
         print(f"test web: {args.hosts} shops x {args.categories} categories x {args.products} "
@@ -237,6 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def setting(text: str) -> tuple[str, object]:
+    """``NAME=VALUE`` from ``--set``; VALUE is JSON when it parses as JSON."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise SystemExit(f"--set {text!r}: write NAME=VALUE, e.g. --set WEBFARM_NEARDUP=false")
+    try:
+        return name, json.loads(value)
+    except ValueError:
+        return name, value
+
+
 def run_reparse(env: dict[str, str]) -> float:
     proc = subprocess.run(
         [sys.executable, "-m", "scrapy", "reparse", SPIDER, "-s",
@@ -254,6 +277,7 @@ def report(results: dict[str, list[dict[str, float]]], reparse: list[float]) -> 
     pages = {s: statistics.median(r["pages"] for r in rs) for s, rs in results.items()}
     cpu = {s: statistics.median(r["cpu_ms"] for r in rs) for s, rs in results.items()}
     server = {s: statistics.median(r["server_ms"] for r in rs) for s, rs in results.items()}
+    tail = {s: statistics.median(r.get("tail", 0.0) for r in rs) for s, rs in results.items()}
     bare = rates["bare Scrapy"]
     # Each run measures every setup back to back, so a setup's ratio to bare Scrapy within
     # one run sees the same neighbours on a shared machine; their median is the steadier one.
@@ -263,14 +287,15 @@ def report(results: dict[str, list[dict[str, float]]], reparse: list[float]) -> 
     print("\nmedian of runs (pages/s from first response to last item stored; CPU per page: "
           "the crawling process's, and Valkey's + SecantusDB's for the whole crawl)")
     print(f"{'setup':14s} {'pages':>6s} {'pages/s':>9s} {'vs bare':>8s} {'paired':>7s} "
-          f"{'worker CPU':>11s} {'server CPU':>11s}")
+          f"{'worker CPU':>11s} {'server CPU':>11s} {'end wait':>9s}")
     for setup in SETUPS:
         print(f"{setup:14s} {pages[setup]:6.0f} {rates[setup]:9.1f} {rates[setup] / bare:7.2f}x "
-              f"{paired[setup]:6.2f}x {cpu[setup]:8.1f} ms {server[setup]:8.1f} ms")
+              f"{paired[setup]:6.2f}x {cpu[setup]:8.1f} ms {server[setup]:8.1f} ms "
+              f"{tail[setup]:7.2f} s")
     print(f"{'re-parse':14s} {pages['webfarm']:6.0f} {statistics.median(reparse):9.1f} "
           f"{statistics.median(reparse) / bare:7.2f}x")
     print("(vs bare: ratio of the medians; paired: median of each run's ratio to that run's "
-          "bare Scrapy)")
+          "bare Scrapy; end wait: last item stored after the last response)")
     for name in ("webfarm", "storage only", "webfarm x2"):
         verdict = "meets" if rates[name] >= 0.8 * bare else "MISSES"
         print(f"{name} / bare Scrapy = {rates[name] / bare:.2f}, paired {paired[name]:.2f} "
