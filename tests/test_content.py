@@ -299,9 +299,27 @@ def test_simhash_near_and_far() -> None:
     assert hamming(base, unrelated) >= 20
     assert 0 <= base < 2**64
     assert simhash("") == 0
-    assert simhash("one two", bits=128) < 2**128
-    with pytest.raises(ValueError):
-        simhash("x", bits=60)
+    assert 0 < simhash("one two", bits=128) < 2**128
+    assert simhash("one") != simhash("two")  # under three words: one shingle
+    for bad in (60, 32, 576):
+        with pytest.raises(ValueError):
+            simhash("x", bits=bad)
+
+
+def test_simhash_votes_the_same_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Huge pages are voted on in chunks of shingles (bounded memory): same result."""
+    from webfarm import neardup
+
+    text = prose(WORDS, 5000, 7)
+    whole = simhash(text)
+    monkeypatch.setattr(neardup, "_CHUNK", 333)
+    assert simhash(text) == whole
+
+
+def test_simhash_values_do_not_change() -> None:
+    # contents.simhash holds these: a new algorithm would orphan every stored value
+    # (a page would stop matching its near-duplicates stored before).
+    assert simhash("the quick brown fox jumps over the lazy dog") == 0x83629D4CF90E139F
 
 
 def test_simhash_is_stable_across_processes() -> None:
