@@ -46,7 +46,6 @@ import unicodedata
 from collections.abc import Sequence
 from functools import lru_cache
 
-import lxml.html
 from lxml import etree
 from w3lib.encoding import html_to_unicode, http_content_type_encoding
 
@@ -231,7 +230,9 @@ def _decode(body: bytes, encoding: str | None) -> str:
 
 def _pieces_lxml(text: str) -> list[str] | None:
     """Visible text and link targets in document order; None if libxml2 gave up."""
-    parser = lxml.html.HTMLParser(
+    # etree's parser, not lxml.html's: that one calls a Python class lookup for every
+    # element (about 1.5 ms of a 100 KB page), for methods this walk never uses.
+    parser = etree.HTMLParser(
         encoding="utf-8", remove_comments=True, remove_pis=True, huge_tree=True
     )
     try:
