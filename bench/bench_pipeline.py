@@ -277,7 +277,7 @@ def report(results: dict[str, list[dict[str, float]]], reparse: list[float]) -> 
     pages = {s: statistics.median(r["pages"] for r in rs) for s, rs in results.items()}
     cpu = {s: statistics.median(r["cpu_ms"] for r in rs) for s, rs in results.items()}
     server = {s: statistics.median(r["server_ms"] for r in rs) for s, rs in results.items()}
-    tail = {s: statistics.median(r.get("tail", 0.0) for r in rs) for s, rs in results.items()}
+    tail = {s: statistics.median(r["tail"] for r in rs) for s, rs in results.items()}
     bare = rates["bare Scrapy"]
     # Each run measures every setup back to back, so a setup's ratio to bare Scrapy within
     # one run sees the same neighbours on a shared machine; their median is the steadier one.

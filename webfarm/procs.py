@@ -105,7 +105,6 @@ def terminate(pid: int, timeout: float) -> str:
     raise ServiceError(f"pid {pid} survived SIGKILL; stop it by hand")
 
 
-
 def tail(path: Path, start: int = 0, lines: int = 8) -> str:
     """The last lines a server logged since ``start``, on one line."""
     try:
