@@ -61,6 +61,7 @@ class BlobStorePipeline:
             config.blob_uri(settings), endpoint_url=settings.get("AWS_ENDPOINT_URL") or None,
             max_attempts=settings.getint("WEBFARM_S3_MAX_ATTEMPTS", 5),
             max_connections=settings.getint("WEBFARM_BLOB_CONCURRENCY", 8),
+            compression=config.blob_compression(settings),
         )
         assert crawler.stats is not None
         return cls(store, crawler.stats, storage_calls(crawler),

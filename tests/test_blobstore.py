@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import pickle
 
 import boto3
 import pytest
+import zstandard
+from scrapy.settings import Settings
 
-from webfarm.blobstore import BlobStoreError, FileBlobStore, blob_key, open_blob_store
+from webfarm.blobstore import (
+    BlobStoreError,
+    Compression,
+    FileBlobStore,
+    blob_key,
+    open_blob_store,
+)
+from webfarm.config import ConfigError, blob_compression
 
 BODY = b"<html><body>" + b"hello world " * 500 + b"</body></html>"
 HASH = hashlib.sha256(BODY).hexdigest()
@@ -37,7 +47,56 @@ def test_file_store(tmp_path):
     store.check()
     _check_store(store)
     raw = (tmp_path / "blobs" / blob_key(HASH)).read_bytes()
-    assert gzip.decompress(raw) == BODY and len(raw) < len(BODY) / 5  # stored compressed
+    # stored compressed, as zstd by default: any zstd tool reads it
+    assert zstandard.ZstdDecompressor().decompress(raw) == BODY and len(raw) < len(BODY) / 5
+
+
+def test_gzip_store_writes_gzip_and_every_store_reads_both(tmp_path):
+    gz = open_blob_store(tmp_path.as_uri(), compression=Compression("gzip", 9))
+    assert gz.put_once(blob_key(HASH), BODY, META) is True
+    assert gzip.decompress((tmp_path / blob_key(HASH)).read_bytes()) == BODY
+    other = b"<html>" + b"other page " * 300 + b"</html>"
+    other_key = blob_key(hashlib.sha256(other).hexdigest())
+    zs = open_blob_store(tmp_path.as_uri())  # a later crawl on zstd, same store
+    assert zs.put_once(blob_key(HASH), b"never written", META) is False  # still write-once
+    assert zs.put_once(other_key, other, META) is True
+    for store in (gz, zs):  # blobs of both kinds side by side, read by either store
+        assert store.get(blob_key(HASH)) == BODY
+        assert store.get(other_key) == other
+
+
+def test_damaged_blob_says_so(tmp_path):
+    store = FileBlobStore(tmp_path)
+    store.put_once(blob_key(HASH), BODY, META)
+    (tmp_path / blob_key(HASH)).write_bytes(b"PK\x03\x04 not ours")
+    with pytest.raises(BlobStoreError, match="neither zstd nor gzip.*damaged"):
+        store.get(blob_key(HASH))
+
+
+@pytest.mark.parametrize(("name", "level", "want"), [
+    (None, None, ("zstd", 3)), ("gzip", None, ("gzip", 6)), ("ZSTD", "19", ("zstd", 19)),
+    ("gzip", " 1 ", ("gzip", 1)), ("zstd", "", ("zstd", 3)), ("zstd", 7, ("zstd", 7)),
+])
+def test_compression_settings(name, level, want):
+    settings = Settings({"WEBFARM_BLOB_COMPRESSION": name,
+                         "WEBFARM_BLOB_COMPRESSION_LEVEL": level})
+    compression = blob_compression(settings)
+    assert (compression.name, compression.level) == want
+    assert Compression(*want).compress(BODY) == compression.compress(BODY)
+
+
+@pytest.mark.parametrize(("name", "level", "match"), [
+    ("brotli", None, "WEBFARM_BLOB_COMPRESSION is 'brotli'; use zstd or gzip"),
+    ("gzip", "12", r"gzip takes a whole number from 1 to 9 \(default 6\)"),
+    ("zstd", "fast", r"is 'fast'; zstd takes a whole number from 1 to 22"),
+    ("zstd", 0, "from 1 to 22"),
+    ("zstd", 2.5, "from 1 to 22"),
+])
+def test_bad_compression_settings_say_what_to_use(name, level, match):
+    settings = Settings({"WEBFARM_BLOB_COMPRESSION": name,
+                         "WEBFARM_BLOB_COMPRESSION_LEVEL": level})
+    with pytest.raises(ConfigError, match=match):
+        blob_compression(settings)
 
 
 def test_file_store_leaves_no_partial_blob(tmp_path, monkeypatch):
@@ -66,7 +125,14 @@ def test_s3_store(s3_server, s3_bucket):
     _check_store(store)
     client = boto3.client("s3", endpoint_url=s3_server.url)
     obj = client.get_object(Bucket=s3_bucket, Key="crawl1/" + blob_key(HASH))
-    assert gzip.decompress(obj["Body"].read()) == BODY
+    assert obj["ContentEncoding"] == "zstd"
+    assert zstandard.ZstdDecompressor().decompress(obj["Body"].read()) == BODY
+    gz = open_blob_store(f"s3://{s3_bucket}/crawl2", endpoint_url=s3_server.url,
+                         compression=Compression("gzip"))
+    gz.put_once(blob_key(HASH), BODY, META)
+    obj = client.get_object(Bucket=s3_bucket, Key="crawl2/" + blob_key(HASH))
+    assert obj["ContentEncoding"] == "gzip"
+    assert gzip.decompress(obj["Body"].read()) == BODY == gz.get(blob_key(HASH))
 
 
 def test_s3_missing_bucket(s3_server):
@@ -79,3 +145,19 @@ def test_s3_missing_bucket(s3_server):
 def test_bad_uris(uri):
     with pytest.raises(BlobStoreError):
         open_blob_store(uri)
+
+
+@pytest.mark.parametrize("level", [None, "2"])
+def test_pipeline_store_compresses_as_set_also_in_the_storage_process(tmp_path, level):
+    from scrapy.utils.test import get_crawler
+
+    from pipelines.blobs import BlobStorePipeline
+
+    crawler = get_crawler(settings_dict={
+        "BLOB_STORE_URI": tmp_path.as_uri(), "WEBFARM_BLOB_COMPRESSION": "gzip",
+        "WEBFARM_BLOB_COMPRESSION_LEVEL": level})
+    store = BlobStorePipeline.from_crawler(crawler).store
+    copy = pickle.loads(pickle.dumps(store))  # as the storage process gets it
+    assert (copy.compression.name, copy.compression.level) == ("gzip", 6 if level is None else 2)
+    copy.put_once(blob_key(HASH), BODY, META)
+    assert gzip.decompress((tmp_path / blob_key(HASH)).read_bytes()) == BODY

@@ -38,3 +38,15 @@ def test_bad_location_fails_before_any_request(case, good, web, s3_server):
     assert len(errors) == 1, result.stderr[-2000:]
     assert errors[0].startswith(f"webfarm: {variable}") and message in errors[0], errors[0]
     assert web.hits == []  # not even robots.txt was fetched
+
+
+def test_bad_blob_compression_fails_before_any_request(good, web):
+    env = runner.env_for(**good)
+    result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/",
+                            "-s", "WEBFARM_BLOB_COMPRESSION=brotli"], env, timeout=60)
+    assert result.returncode == 1
+    assert "Traceback" not in result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("webfarm:")]
+    assert errors == ["webfarm: WEBFARM_BLOB_COMPRESSION is 'brotli'; use zstd or gzip"], \
+        result.stderr[-2000:]
+    assert web.hits == []

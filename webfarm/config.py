@@ -143,6 +143,22 @@ def check_blobs(uri: str, endpoint_url: str | None, variable: str = "BLOB_STORE_
         raise ConfigError(f"{variable}: {exc}") from None
 
 
+def blob_compression(settings: BaseSettings):
+    """How new blobs are compressed: ``WEBFARM_BLOB_COMPRESSION`` (zstd or gzip) at
+    ``WEBFARM_BLOB_COMPRESSION_LEVEL`` (empty: that codec's default)."""
+    from webfarm.blobstore import BlobStoreError, Compression
+
+    name = str(settings.get("WEBFARM_BLOB_COMPRESSION") or "zstd").strip().lower()
+    raw = settings.get("WEBFARM_BLOB_COMPRESSION_LEVEL")
+    level = raw
+    if isinstance(raw, str):
+        level = None if not raw.strip() else int(raw) if raw.strip().isdigit() else raw
+    try:
+        return Compression(name, level)
+    except BlobStoreError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def preflight(settings: BaseSettings) -> Locations:
     """Resolve and check every location, one at a time, so a bad ``REDIS_URL`` is
     reported before an embedded MongoDB is started for nothing. Raises
@@ -154,6 +170,7 @@ def preflight(settings: BaseSettings) -> Locations:
     blobs = blob_uri(settings)
     endpoint = settings.get("AWS_ENDPOINT_URL") or None
     check_blobs(blobs, endpoint, _where(settings, "BLOB_STORE_URI"))
+    blob_compression(settings)
     return Locations(redis, mongo, settings.get("MONGO_DATABASE") or "webfarm", blobs, endpoint)
 
 
