@@ -339,6 +339,23 @@ def test_simhash_values_do_not_change() -> None:
     # contents.simhash holds these: a new algorithm would orphan every stored value
     # (a page would stop matching its near-duplicates stored before).
     assert simhash("the quick brown fox jumps over the lazy dog") == 0x83629D4CF90E139F
+    assert simhash("Ça coûte 12,50 € — naïve café’s “crème” brûlée") == 0x98A34CF96C6B51F5
+
+
+def test_simhash_words_are_what_the_regex_finds() -> None:
+    """SimHash splits words with bytes.split where it can; every word must still be
+    what ``\\w+`` finds: accents, other scripts, digits of other scripts, joiners,
+    emoji, lone surrogates and ASCII punctuation between them."""
+    from webfarm import neardup
+
+    rng = random.Random(5)
+    alphabet = [*"ab Z_9.,;:-'\"<>/=?&\t", "\u00e9", "\u2019", "\u00a0", "\u0663", "\u00df",
+                "\u0130", "\u0301", "\u4e2d", "\u200b", "\U0001f600", "\u00b2", "\u01c5",
+                "\ud800", "\x00"]
+    for _ in range(5000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        want = [w.encode() for w in neardup._WORD.findall(text)]
+        assert neardup._words(text) == want, repr(text)
 
 
 def test_simhash_is_stable_across_processes() -> None:

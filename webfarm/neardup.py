@@ -30,6 +30,28 @@ GUARANTEED_DISTANCE = BANDS - 1
 
 _WORD = re.compile(r"\w+")
 _CHUNK = 1 << 16  # shingles voted at once
+# ASCII bytes that \w does not match -> space; word bytes and every byte of a multi-byte
+# UTF-8 character stay (they are split by _WORD itself, see _words).
+_ASCII_SPLIT = bytes(
+    c if c >= 0x80 or chr(c).isalnum() or c == ord("_") else 0x20 for c in range(256))
+
+
+def _words(text: str) -> list[bytes]:
+    """``_WORD.findall(text)``, UTF-8 encoded, at half its cost: ASCII non-word bytes
+    become spaces and ``bytes.split`` cuts there (re walks every character in Python's
+    engine, 1.5 ms on a 100 KB page). A piece holding non-ASCII bytes is split by
+    ``_WORD`` itself, so every word is what re gives."""
+    data = text.encode("utf-8", "surrogatepass")
+    pieces = data.translate(_ASCII_SPLIT).split()
+    if data.isascii():
+        return pieces
+    words: list[bytes] = []
+    for piece in pieces:
+        if piece.isascii():
+            words.append(piece)
+        else:
+            words += [w.encode() for w in _WORD.findall(piece.decode("utf-8", "surrogatepass"))]
+    return words
 
 
 def simhash(text: str, bits: int = 64) -> int:
@@ -46,12 +68,12 @@ def simhash(text: str, bits: int = 64) -> int:
     """
     if bits % 64 or not 64 <= bits <= 512:
         raise ValueError(f"bits must be a multiple of 64 in 64..512, not {bits}")
-    words = _WORD.findall(text.lower())
+    words = _words(text.lower())
     if not words:
         return 0
     lanes, size = bits // 64, bits // 8
     blake = hashlib.blake2b
-    digests = {w: blake(w.encode(), digest_size=size).digest() for w in set(words)}
+    digests = {w: blake(w, digest_size=size).digest() for w in set(words)}
     table = np.frombuffer(b"".join([digests[w] for w in words]), dtype="<u8")
     table = table.reshape(len(words), lanes)
     if len(table) < 3:
