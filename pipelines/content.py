@@ -21,7 +21,7 @@ class PageHasher:
 
     In ``processes`` helper processes (``WEBFARM_HASH_PROCESSES``, each a
     :class:`~webfarm.storeworker.StorageProcess` of one thread), not threads: on
-    a 100 KB page that work is about 20 ms of pure Python, which in a thread
+    a 100 KB page that work is about 5 ms, mostly Python, which in a thread
     holds the GIL the reactor needs; and not in the storage process, where it
     would hold up the store calls. A page whose helper dies is hashed again in a
     new one; if that dies too the item fails and its request goes back to the

@@ -253,8 +253,8 @@ WEBFARM_BLOB_COMPRESSION_LEVEL = None
 WEBFARM_NEARDUP = True
 WEBFARM_NEARDUP_DISTANCE = 3
 # Helper processes that compute content hashes and SimHashes (pipelines/content.py): on
-# large pages that is tens of ms of pure Python, which in a thread would hold the GIL the
-# reactor needs. 0 = hash in the storage threads.
+# large pages that is ms of mostly Python (5 ms at 100 KB), which in a thread would hold the
+# GIL the reactor needs. 0 = hash in the storage threads.
 WEBFARM_HASH_PROCESSES = 1
 # Extra regexes masked before content hashing (added to webfarm.content's built-in list).
 WEBFARM_VOLATILE_PATTERNS: list[str] = []
