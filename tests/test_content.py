@@ -14,6 +14,7 @@ import pytest
 from webfarm.content import (
     DEFAULT_VOLATILE_PATTERNS,
     content_hash,
+    fingerprint,
     hamming,
     is_html,
     normalise_html,
@@ -340,6 +341,42 @@ def test_simhash_values_do_not_change() -> None:
     # (a page would stop matching its near-duplicates stored before).
     assert simhash("the quick brown fox jumps over the lazy dog") == 0x83629D4CF90E139F
     assert simhash("Ça coûte 12,50 € — naïve café’s “crème” brûlée") == 0x98A34CF96C6B51F5
+
+
+def test_fingerprint_remembers_bodies_it_met(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body met before is answered from memory, but only with the same arguments;
+    the memory is bounded."""
+    from collections import OrderedDict
+
+    from webfarm import content
+
+    body = "<p>Чайник синий, 12:00:03</p>".encode("cp1251")
+    want = {  # computed without the memory: content_hash() does not use it
+        "cp1251": content_hash(body, "text/html", "cp1251"),
+        "utf-8": content_hash(body, "text/html", "utf-8"),
+        "no patterns": content_hash(body, "text/html", "cp1251", ()),
+    }
+    assert len(set(want.values())) == 3  # the charset and the patterns matter here
+    monkeypatch.setattr(content, "_CACHE", OrderedDict())
+    monkeypatch.setattr(content, "FINGERPRINT_CACHE", 3)
+    normalised: list[bytes] = []
+    real = content.normalise_html
+    monkeypatch.setattr(content, "normalise_html",
+                        lambda body, *a: normalised.append(body) or real(body, *a))
+    first = fingerprint(body, "text/html", "cp1251", DEFAULT_VOLATILE_PATTERNS, True)
+    assert first == (want["cp1251"], simhash("Чайник синий, ~"))
+    again = fingerprint(body, "text/html", "cp1251", list(DEFAULT_VOLATILE_PATTERNS), True)
+    assert again == first and len(normalised) == 1  # from memory
+    # another charset, other patterns, no SimHash: each computed, and right
+    assert fingerprint(body, "text/html", "utf-8", DEFAULT_VOLATILE_PATTERNS, True)[0] == \
+        want["utf-8"]
+    assert fingerprint(body, "text/html", "cp1251", (), True)[0] == want["no patterns"]
+    assert fingerprint(body, "text/html", "cp1251", DEFAULT_VOLATILE_PATTERNS) == (
+        want["cp1251"], None)
+    assert len(normalised) == 4
+    for i in range(5):
+        fingerprint(f"<p>page {i}</p>".encode(), "text/html")
+    assert len(content._CACHE) == 3
 
 
 def test_simhash_words_are_what_the_regex_finds() -> None:
