@@ -40,7 +40,13 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: the pipe keeps its size
+    fcntl = None  # type: ignore[assignment]
 
 from webfarm.batching import TRANSIENT
 from webfarm.config import ConfigError
@@ -50,6 +56,7 @@ T = TypeVar("T")
 _LEN = struct.Struct("!I")
 _HELLO = b"webfarm-storeworker\n"
 START_TIMEOUT = 60.0
+PIPE_SIZE = 1 << 20
 
 
 class StorageProcessDied(OSError):
@@ -175,6 +182,7 @@ class StorageProcess:
             await self._end(proc)
             raise ConfigError(f"{what} answered {hello!r}, not its hello; something in it "
                               "writes to stdout")
+        _widen(proc.stdin)
         self._proc = proc
         self._sent = set()
         self._pending = {}
@@ -245,6 +253,23 @@ class StorageProcess:
         if reader is not None:
             await asyncio.wait([reader], timeout=5)
         self._stores.clear()
+
+
+def _widen(stream: asyncio.StreamWriter | None) -> None:
+    """Give the pipe to a helper room for several pages. Linux's default 64 KiB held less
+    than one 100 KB page: the event loop kept a backlog of frames and re-copied it on
+    every partial write (100 -> 118 pages/s at 100 KB with 1 MiB)."""
+    if stream is None or fcntl is None or not hasattr(fcntl, "F_SETPIPE_SZ"):
+        return
+    pipe = stream.transport.get_extra_info("pipe")
+    try:
+        fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except PermissionError:  # above pipe-max-size (not root): take the most allowed
+        with contextlib.suppress(OSError, ValueError):
+            most = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+            fcntl.fcntl(pipe.fileno(), fcntl.F_SETPIPE_SZ, min(PIPE_SIZE, most))
+    except (OSError, ValueError, AttributeError):
+        pass  # not a pipe after all, or no such fcntl: the default size still works
 
 
 # -- the helper ---------------------------------------------------------------------------
