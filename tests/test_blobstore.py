@@ -91,6 +91,7 @@ def test_compression_settings(name, level, want):
     ("zstd", "fast", r"is 'fast'; zstd takes a whole number from 1 to 22"),
     ("zstd", 0, "from 1 to 22"),
     ("zstd", 2.5, "from 1 to 22"),
+    ("zstd", "\u00b2", "is '\u00b2'; zstd takes"),
 ])
 def test_bad_compression_settings_say_what_to_use(name, level, match):
     settings = Settings({"WEBFARM_BLOB_COMPRESSION": name,

@@ -8,12 +8,17 @@ connects to it, and raises :class:`ConfigError` with that line otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from scrapy.settings import BaseSettings
+
+if TYPE_CHECKING:
+    from webfarm.blobstore import Compression
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "valkey", "valkeys")
 MONGO_SCHEMES = ("mongodb", "mongodb+srv")
@@ -143,16 +148,16 @@ def check_blobs(uri: str, endpoint_url: str | None, variable: str = "BLOB_STORE_
         raise ConfigError(f"{variable}: {exc}") from None
 
 
-def blob_compression(settings: BaseSettings):
+def blob_compression(settings: BaseSettings) -> Compression:
     """How new blobs are compressed: ``WEBFARM_BLOB_COMPRESSION`` (zstd or gzip) at
     ``WEBFARM_BLOB_COMPRESSION_LEVEL`` (empty: that codec's default)."""
     from webfarm.blobstore import BlobStoreError, Compression
 
     name = str(settings.get("WEBFARM_BLOB_COMPRESSION") or "zstd").strip().lower()
-    raw = settings.get("WEBFARM_BLOB_COMPRESSION_LEVEL")
-    level = raw
-    if isinstance(raw, str):
-        level = None if not raw.strip() else int(raw) if raw.strip().isdigit() else raw
+    level = settings.get("WEBFARM_BLOB_COMPRESSION_LEVEL")
+    if isinstance(level, str):  # from -s or a settings file: "", "9", or junk
+        with contextlib.suppress(ValueError):
+            level = int(level) if level.strip() else None
     try:
         return Compression(name, level)
     except BlobStoreError as exc:

@@ -152,7 +152,7 @@ DEFAULT_VOLATILE_PATTERNS: tuple[str, ...] = tuple(pattern for pattern, _ in _VO
 _GATES: dict[str, _Gate] = dict(_VOLATILE)
 
 _PLACEHOLDER = "~"
-#: Bodies whose :func:`fingerprint` is remembered (about 200 B each), per process.
+#: Bodies whose :func:`fingerprint` is remembered (about 0.5 KB each), per process.
 FINGERPRINT_CACHE = 20_000
 _CACHE: OrderedDict[tuple[object, ...], tuple[str, int | None]] = OrderedDict()
 _CACHE_LOCK = threading.Lock()

@@ -45,7 +45,7 @@ from typing import Any, BinaryIO, TypeVar
 
 try:
     import fcntl
-except ImportError:  # not on Windows: the pipe keeps its size
+except ImportError:  # Windows has none: the pipe keeps its size
     fcntl = None  # type: ignore[assignment]
 
 from webfarm.batching import TRANSIENT
