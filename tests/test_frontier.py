@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import hashlib
 import json
@@ -9,8 +10,9 @@ import time
 
 import pytest
 import redis
+import redis.asyncio
 
-from webfarm.frontier import Entry, Frontier, backoff
+from webfarm.frontier import MAX_PUSH, SCRIPT, Entry, Frontier, backoff
 
 
 def fp(text: str) -> bytes:
@@ -367,6 +369,41 @@ def test_exchange_is_one_round_trip_without_keys_or_scan(frontier: Frontier, cli
     r2 = frontier.exchange("w", pop=100)
     assert len(r2.popped) == 7 and r2.ready_in is not None  # 10 leases pending
     assert frontier.exchange("w", pop=0).popped == []
+
+
+def test_exchange_async_does_what_exchange_does(redis_url: str, client: redis.Redis) -> None:
+    """The scheduler's asyncio path: the same acks, pushes (past MAX_PUSH too), leases and
+    duplicates as the blocking call, and the same refusals."""
+    blocking = Frontier(client, "a", default_delay=0)
+    awaited = Frontier(client, "b", default_delay=0)
+
+    async def run() -> list:
+        aclient = redis.asyncio.Redis.from_url(redis_url)
+        script = aclient.register_script(SCRIPT)
+        try:
+            results = []
+            for f in (blocking, awaited):
+                f.push([entry("h.test", "seed")])
+                lease = f.pop("w").lease_id
+                push = [entry(f"h{i % 3}.test", str(i)) for i in range(MAX_PUSH + 5)]
+                push.append(entry("h0.test", "0"))  # a duplicate
+                if f is blocking:
+                    r = f.exchange("w", push=push, ack=[lease], pop=4)
+                else:
+                    r = await f.exchange_async(script, "w", push=push, ack=[lease], pop=4)
+                results.append((r.acked, r.enqueued, sorted(p.host for p in r.popped),
+                                f.counts()))
+            with pytest.raises(ValueError, match="worker name"):
+                await awaited.exchange_async(script, "a worker", pop=1)
+            return results
+        finally:
+            await aclient.aclose()
+
+    (acked, enqueued, hosts, counts), other = asyncio.run(run())
+    assert (acked, enqueued, hosts, counts) == other
+    assert acked == 1 and enqueued == [True] * (MAX_PUSH + 5) + [False]
+    assert len(hosts) == 4
+    assert counts["leased"] == 4 and counts["queued"] == MAX_PUSH + 1
 
 
 def test_bad_input_is_refused(client: redis.Redis) -> None:

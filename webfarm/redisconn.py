@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import redis
+import redis.asyncio
 from scrapy.settings import BaseSettings
 
 from webfarm import config
@@ -19,3 +20,8 @@ CLIENT_OPTIONS = {
 def redis_client(settings: BaseSettings) -> redis.Redis:
     """A client for ``REDIS_URL`` (or the embedded Valkey)."""
     return redis.Redis.from_url(config.redis_url(settings), **CLIENT_OPTIONS)
+
+
+def async_redis_client(settings: BaseSettings) -> redis.asyncio.Redis:
+    """The same, on asyncio: the scheduler's hot path, so the reactor never waits for Redis."""
+    return redis.asyncio.Redis.from_url(config.redis_url(settings), **CLIENT_OPTIONS)

@@ -18,6 +18,10 @@ What it adds to a plain scheduler, and why:
 * **Politeness is the frontier's.** Per-host delays from robots.txt, the
   latency rule and ``Retry-After`` arrive as signals and are stored in Redis,
   where they gate every worker.
+* **The reactor never waits for Redis on the hot path.** Under the asyncio reactor
+  the pop's exchange runs on an asyncio client: the engine gets ``None`` at once and
+  is woken when the leases arrive. One exchange at a time; other frontier calls wait
+  for it, so acks still never overtake the links pushed before them.
 * **Redis trouble is survivable.** When Redis is unreachable the worker logs
   one line, keeps what it holds, backs off and reconnects.
 
@@ -28,6 +32,7 @@ its scraping (callback and pipelines) completes. It is checked at start.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -43,16 +48,19 @@ from scrapy.core.scheduler import BaseScheduler
 from scrapy.crawler import Crawler
 from scrapy.exceptions import DontCloseSpider, IgnoreRequest
 from scrapy.statscollectors import StatsCollector
+from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.reactor import is_asyncio_reactor_installed
 from twisted.internet import reactor
+from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
 from webfarm import signals as wf_signals
 from webfarm.dupefilter import RecentFingerprints
 from webfarm.exceptions import DeadLetter, RetryLater
-from webfarm.frontier import Entry, Frontier, Popped, backoff
+from webfarm.frontier import SCRIPT, Entry, Exchange, Frontier, Popped, backoff
 from webfarm.queue import decode_request, open_frontier, request_entry
-from webfarm.redisconn import redis_client
+from webfarm.redisconn import async_redis_client, redis_client
 from webfarm.serialize import SerializationError
 
 logger = logging.getLogger(__name__)
@@ -62,6 +70,14 @@ ATTEMPTS = "webfarm_attempts"
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
 PUSH_BATCH = 200
 POP_MAX = 16  # leases asked for in one exchange, at most (never more than the engine takes)
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # called outside the reactor (a test, a command): block instead
+        return False
+    return True
 
 
 def _ms(seconds: float) -> int:
@@ -99,6 +115,9 @@ class Scheduler(BaseScheduler):
         self._redis_retry_at = 0.0
         self._redis_failures = 0
         self._loop: LoopingCall | None = None
+        self._aserver: Any = None  # redis.asyncio client, under the asyncio reactor
+        self._ascript: Any = None
+        self._fetching: asyncio.Task[None] | None = None  # the exchange in flight
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Scheduler:
@@ -122,6 +141,10 @@ class Scheduler(BaseScheduler):
             deleted = self.frontier.reset()
             logger.warning("SCHEDULER_FLUSH_ON_START: wiped the frontier (%d keys)", deleted)
         self._hook_engine()
+        # A frontier class that overrides exchange() keeps the blocking path it overrides.
+        if is_asyncio_reactor_installed() and type(self.frontier).exchange is Frontier.exchange:
+            self._aserver = async_redis_client(self.crawler.settings)
+            self._ascript = self._aserver.register_script(SCRIPT)
         self._loop = LoopingCall(self._tick)
         self._loop.start(self.flush_interval, now=False)
         counts = self.frontier.counts()
@@ -132,12 +155,24 @@ class Scheduler(BaseScheduler):
             self.worker, counts["queued"], counts["delayed"], counts["leased"],
         )
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str) -> Deferred[None] | None:
         """Flush what is held and give back unfinished leases at once; delete nothing."""
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         if self._wake_call is not None and self._wake_call.active():
             self._wake_call.cancel()
+        if self._aserver is None:
+            self._close()
+            return None
+        return deferred_from_coro(self._close_async())
+
+    async def _close_async(self) -> None:
+        if self._fetching is not None:  # it ends within the client's timeout, never raises
+            await self._fetching
+        self._close()
+        await self._aserver.aclose()
+
+    def _close(self) -> None:
         try:
             self._flush(force=True)
             released = self.frontier.release_worker(self.worker) if self.frontier else 0
@@ -166,7 +201,7 @@ class Scheduler(BaseScheduler):
     # -- the scheduler interface ------------------------------------------------------------
 
     def has_pending_requests(self) -> bool:
-        return bool(self._push or self._popped)
+        return bool(self._push or self._popped or self._fetching)
 
     def __len__(self) -> int:
         return len(self._push) + len(self._popped)
@@ -227,6 +262,8 @@ class Scheduler(BaseScheduler):
         if now < self._next_poll and not self._push:
             # The reactor may wake us a hair early: always keep a wake-up pending.
             self._wake_in(self._next_poll - now)
+            return False
+        if self._start_exchange(self._pop_size()):
             return False
         exchange = self._exchange(pop=self._pop_size())
         if exchange is None:
@@ -334,8 +371,9 @@ class Scheduler(BaseScheduler):
         self._run_ops()
 
     def _run_ops(self) -> None:
-        if self._redis_down_since is not None and time.monotonic() < self._redis_retry_at:
-            return
+        if self._fetching or (self._redis_down_since is not None
+                              and time.monotonic() < self._redis_retry_at):
+            return  # an exchange in flight runs these when it is back
         # Pushes and acks first, so a retried parent never lands before its children
         # (a delay or a deferral does not care, and skips that extra round trip).
         ordered = any(name in ("retry", "dead") for name, _ in self._ops)
@@ -360,6 +398,46 @@ class Scheduler(BaseScheduler):
             return None
         self._push, self._acks = [], []
         self._redis_ok()
+        self._exchanged(push, result)
+        return result
+
+    def _start_exchange(self, pop: int) -> bool:
+        """Start an exchange on the asyncio client, unless one is in flight; False when
+        there is no asyncio loop to run it (the caller blocks instead)."""
+        if self._aserver is None or not _loop_running():
+            return False
+        if self._fetching is None:
+            self._fetching = asyncio.ensure_future(self._exchange_async(pop))
+        return True
+
+    async def _exchange_async(self, pop: int) -> None:
+        """An exchange that does not block the reactor (blocking ones held it for 6-8% of
+        a crawl); leases go to the engine when they arrive."""
+        push, acks = self._push, self._acks
+        self._push, self._acks = [], []
+        try:
+            result: Exchange = await self.frontier.exchange_async(
+                self._ascript, self.worker, push=push, ack=acks, pop=pop)
+        except Exception as exc:  # kept, in order, for the next exchange
+            self._push[:0] = push
+            self._acks[:0] = acks
+            if not isinstance(exc, (*REDIS_ERRORS, redis.RedisError)):
+                logger.error("Frontier exchange failed", exc_info=exc)
+            self._redis_error(exc)
+            return
+        finally:
+            self._fetching = None
+        self._redis_ok()
+        self._exchanged(push, result)
+        if result.popped:
+            self._popped.extend(result.popped)
+        elif pop:
+            self._idle_until(result.ready_in)
+        self._wake()  # the engine asks again: for these leases, new work, or to see it is idle
+        if self._ops:
+            self._run_ops()
+
+    def _exchanged(self, push: list[Entry], result: Exchange) -> None:
         added = sum(result.enqueued)
         if added or result.popped:
             # The frontier holds work again: lift the idle poll gate, or the engine would
@@ -367,9 +445,10 @@ class Scheduler(BaseScheduler):
             self._next_poll = 0.0
         self._inc("webfarm/frontier/enqueued", added)
         self._inc("webfarm/frontier/duplicates", len(push) - added)
-        return result
 
     def _flush(self, force: bool = False) -> None:
+        if self._fetching:
+            return  # the exchange in flight goes first; the next tick sends the rest
         if force:
             self._redis_retry_at = 0.0
         if self._push or self._acks:
@@ -378,6 +457,8 @@ class Scheduler(BaseScheduler):
             self._run_ops()
 
     def _tick(self) -> None:
+        if (self._push or self._acks) and self._start_exchange(0):
+            return
         self._flush()
 
     def _redis_error(self, exc: Exception) -> None:

@@ -2,6 +2,7 @@
 
 from webfarm.frontier.core import (
     MAX_PUSH,
+    SCRIPT,
     Entry,
     Exchange,
     Frontier,
@@ -10,4 +11,4 @@ from webfarm.frontier.core import (
     key_prefix,
 )
 
-__all__ = ["MAX_PUSH", "Entry", "Exchange", "Frontier", "Popped", "backoff", "key_prefix"]
+__all__ = ["MAX_PUSH", "SCRIPT", "Entry", "Exchange", "Frontier", "Popped", "backoff", "key_prefix"]

@@ -26,8 +26,9 @@ import redis
 from webfarm.frontier.bloom import hash_pair
 
 _SCRIPT_DIR = resources.files("webfarm.frontier").joinpath("scripts")
-# One script from three files (each a part of one chunk; order matters), loaded once.
-_SCRIPT = "\n".join(
+# One script from three files (each a part of one chunk; order matters), loaded once per
+# client (the scheduler's asyncio client registers it too: Frontier.exchange_async).
+SCRIPT = "\n".join(
     _SCRIPT_DIR.joinpath(name).read_text() for name in ("common.lua", "bloom.lua", "ops.lua")
 )
 _BAD_HOST = re.compile(r"\s")
@@ -126,7 +127,7 @@ class Frontier:
         #: seconds until something may be ready, from the last pop that came back short
         self.last_ready_in: float | None = None
         self._keys = [self.prefix + "stats"]
-        self._script = server.register_script(_SCRIPT)
+        self._script = server.register_script(SCRIPT)
 
     def key(self, name: str) -> str:
         """Full key name of one of this frontier's structures (``ready``, ``dead``, ...)."""
@@ -151,17 +152,45 @@ class Frontier:
         retries and expired leases go back (at most ``requeue_batch`` each), then up to
         ``pop`` leases, each from the host that has been allowed the longest.
         """
+        steps = self._steps(worker, push, ack, pop)
+        return self._joined([self._step_reply(self._call("step", *args), n) for args, n in steps])
+
+    async def exchange_async(
+        self,
+        script: Any,
+        worker: str,
+        *,
+        push: Sequence[Entry] = (),
+        ack: Sequence[str] = (),
+        pop: int = 1,
+    ) -> Exchange:
+        """:meth:`exchange` through ``script``, :data:`SCRIPT` registered on a
+        ``redis.asyncio`` client: the caller's event loop runs on while Redis answers."""
+        steps = self._steps(worker, push, ack, pop)
+        return self._joined([
+            self._step_reply(await script(keys=self._keys, args=[self.prefix, "step", *args]), n)
+            for args, n in steps])
+
+    def _steps(self, worker: str, push: Sequence[Entry], ack: Sequence[str], pop: int
+               ) -> list[tuple[list[Any], int]]:
+        """The script calls of one exchange: pushes past :data:`MAX_PUSH` go first, alone."""
         if pop and (not worker or _BAD_HOST.search(worker)):
             raise ValueError(f"a worker name without spaces is needed to pop, not {worker!r}")
-        pushed: list[bool] = []
         entries = list(push)
+        steps = []
         while len(entries) > MAX_PUSH:
-            pushed += self._step("", entries[:MAX_PUSH], (), 0).enqueued
+            steps.append((self._step_args("", entries[:MAX_PUSH], (), 0), 0))
             entries = entries[MAX_PUSH:]
-        result = self._step(worker, entries, ack, pop)
-        return result._replace(enqueued=pushed + result.enqueued)
+        steps.append((self._step_args(worker, entries, ack, pop), pop))
+        return steps
 
-    def _step(self, worker: str, push: Sequence[Entry], ack: Sequence[str], pop: int) -> Exchange:
+    @staticmethod
+    def _joined(results: list[Exchange]) -> Exchange:
+        enqueued = [flag for result in results for flag in result.enqueued]
+        return results[-1]._replace(enqueued=enqueued)
+
+    def _step_args(self, worker: str, push: Sequence[Entry], ack: Sequence[str], pop: int
+                   ) -> list[Any]:
         bloom = self.dupefilter == "bloom"
         args: list[Any] = [
             worker,
@@ -186,7 +215,9 @@ class Frontier:
             else:
                 k1, k2 = fingerprint, b""
             args += [host, priority, b"1" if dont_filter else b"0", k1, k2, payload]
-        reply = self._call("step", *args)
+        return args
+
+    def _step_reply(self, reply: Any, pop: int) -> Exchange:
         flags = reply[1]
         popped = [
             Popped(_text(reply[i]), _text(reply[i + 1]), _text(reply[i + 2]), int(reply[i + 3]))
