@@ -1,14 +1,18 @@
-"""A test extension: how long the reactor went without running a 10 ms timer.
+"""A test extension: when the reactor stalls, and in which code.
 
-Only gaps while pages are being fetched count (first response to last). The
+A 10 ms timer marks the reactor alive; a watchdog thread that sees no mark for
+100 ms records the files on the reactor thread's stack (once per stall). Only
+stalls while pages are being fetched count (first response to last). The
 result goes to the JSON file ``STALLPROBE_OUT`` names when the spider closes.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+import threading
 import time
-from itertools import pairwise
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +20,18 @@ from scrapy import signals
 from scrapy.crawler import Crawler
 from twisted.internet.task import LoopingCall
 
+STALL = 0.1
+
 
 class ReactorStalls:
     def __init__(self, out: str) -> None:
         self.out = out
-        self.ticks: list[float] = []
+        self.last = time.monotonic()
+        self.stalls: list[dict[str, Any]] = []
         self.responses: list[float] = []
-        self.loop = LoopingCall(lambda: self.ticks.append(time.monotonic()))
+        self.loop = LoopingCall(self._tick)
+        self._done = threading.Event()
+        self._reactor_thread = threading.get_ident()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ReactorStalls:
@@ -32,14 +41,34 @@ class ReactorStalls:
         crawler.signals.connect(probe.closed, signal=signals.spider_closed)
         return probe
 
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self.last > STALL and self.stalls and self.stalls[-1]["start"] == self.last:
+            self.stalls[-1]["seconds"] = now - self.last
+        self.last = now
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.02):
+            last = self.last
+            if time.monotonic() - last <= STALL:
+                continue
+            if self.stalls and self.stalls[-1]["start"] == last:
+                continue  # this stall is recorded
+            frame = sys._current_frames().get(self._reactor_thread)
+            files = sorted({f.filename for f in traceback.extract_stack(frame)}) if frame else []
+            self.stalls.append({"start": last, "seconds": None, "files": files})
+
     def opened(self, spider: Any) -> None:
         self.loop.start(0.01)
+        threading.Thread(target=self._watch, daemon=True).start()
 
     def response(self, **kwargs: Any) -> None:
         self.responses.append(time.monotonic())
 
     def closed(self, spider: Any, reason: str) -> None:
+        self._done.set()
         self.loop.stop()
         first, last = self.responses[0], self.responses[-1]
-        gaps = [b - a for a, b in pairwise(self.ticks) if first <= a and b <= last]
-        Path(self.out).write_text(json.dumps({"responses": len(self.responses), "gaps": gaps}))
+        stalls = [s for s in self.stalls if first <= s["start"] <= last]
+        Path(self.out).write_text(json.dumps({"responses": len(self.responses),
+                                              "stalls": stalls}))

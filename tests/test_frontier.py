@@ -12,7 +12,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from webfarm.frontier import MAX_PUSH, SCRIPT, Entry, Frontier, backoff
+from webfarm.frontier import MAX_PUSH, AsyncFrontier, Entry, Frontier, backoff
 
 
 def fp(text: str) -> bytes:
@@ -371,15 +371,14 @@ def test_exchange_is_one_round_trip_without_keys_or_scan(frontier: Frontier, cli
     assert frontier.exchange("w", pop=0).popped == []
 
 
-def test_exchange_async_does_what_exchange_does(redis_url: str, client: redis.Redis) -> None:
+def test_the_asyncio_exchange_does_what_exchange_does(redis_url: str, client: redis.Redis) -> None:
     """The scheduler's asyncio path: the same acks, pushes (past MAX_PUSH too), leases and
     duplicates as the blocking call, and the same refusals."""
     blocking = Frontier(client, "a", default_delay=0)
     awaited = Frontier(client, "b", default_delay=0)
 
     async def run() -> list:
-        aclient = redis.asyncio.Redis.from_url(redis_url)
-        script = aclient.register_script(SCRIPT)
+        aio = AsyncFrontier(awaited, redis.asyncio.Redis.from_url(redis_url))
         try:
             results = []
             for f in (blocking, awaited):
@@ -390,20 +389,47 @@ def test_exchange_async_does_what_exchange_does(redis_url: str, client: redis.Re
                 if f is blocking:
                     r = f.exchange("w", push=push, ack=[lease], pop=4)
                 else:
-                    r = await f.exchange_async(script, "w", push=push, ack=[lease], pop=4)
+                    r = await aio.exchange("w", push=push, ack=[lease], pop=4)
                 results.append((r.acked, r.enqueued, sorted(p.host for p in r.popped),
                                 f.counts()))
             with pytest.raises(ValueError, match="worker name"):
-                await awaited.exchange_async(script, "a worker", pop=1)
+                await aio.exchange("a worker", pop=1)
             return results
         finally:
-            await aclient.aclose()
+            await aio.aclose()
 
     (acked, enqueued, hosts, counts), other = asyncio.run(run())
     assert (acked, enqueued, hosts, counts) == other
     assert acked == 1 and enqueued == [True] * (MAX_PUSH + 5) + [False]
     assert len(hosts) == 4
     assert counts["leased"] == 4 and counts["queued"] == MAX_PUSH + 1
+
+
+def test_delays_sent_with_an_exchange_gate_its_pops(redis_url: str, client: redis.Redis
+                                                     ) -> None:
+    """Delay changes ride with the next exchange and come first in it; after SCRIPT FLUSH
+    (a restarted Redis) the script is loaded again and nothing runs twice."""
+    f = Frontier(client, "spider", default_delay=0)
+
+    async def run() -> tuple:
+        aio = AsyncFrontier(f, redis.asyncio.Redis.from_url(redis_url))
+        try:
+            push = [entry("slow.test", str(i)) for i in range(3)]
+            first = await aio.exchange("w", push=push, pop=3, delays={"slow.test": 60.0})
+            client.script_flush()
+            second = await aio.exchange("w", push=[entry("fast.test", "1")], pop=3,
+                                        delays={"fast.test": 0.0, "other.test": 2.5})
+            with pytest.raises(ValueError, match="finite number"):
+                await aio.exchange("w", pop=1, delays={"slow.test": float("inf")})
+            return first, second
+        finally:
+            await aio.aclose()
+
+    first, second = asyncio.run(run())
+    assert [url(p) for p in first.popped] == ["http://slow.test/0"]  # 60 s between two
+    assert second.enqueued == [True] and [url(p) for p in second.popped] == ["http://fast.test/1"]
+    assert f.get_delay("slow.test") == 60.0 and f.get_delay("other.test") == 2.5
+    assert f.counts()["queued"] == 2
 
 
 def test_bad_input_is_refused(client: redis.Redis) -> None:

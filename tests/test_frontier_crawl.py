@@ -215,23 +215,24 @@ def test_redis_outage_mid_crawl_loses_nothing(shop, stores, own_valkey, tmp_path
 
 
 def test_the_reactor_does_not_wait_for_redis(shop, stores, valkey_server, tmp_path):
-    """Each Redis reply takes 150 ms here: the exchanges that lease, ack and push must not
-    hold the reactor meanwhile. Blocking ones stalled it once per exchange: 26 times in
-    this crawl, two requests at a time."""
+    """Each Redis reply takes 150 ms here. The exchanges that lease, ack and push, and the
+    latency rule's delay changes, must not hold the reactor meanwhile: blocking, they
+    stalled it 37 times in this crawl (two requests at a time)."""
     base = shop.base_urls[0]
     out = tmp_path / "stalls.json"
     extensions = {**project_settings.EXTENSIONS, "tests.stallprobe.ReactorStalls": 900}
     with SlowRelay((valkey_server.host, valkey_server.port), 0.15) as relay:
         env = runner.env_for(**{**stores, "REDIS_URL": relay.url})
-        # The latency rule's delay changes are frontier calls that still block: not here.
         result = runner.scrapy(["crawl", "generic", "-a", f"start={base}/",
-                                "-s", "WEBFARM_AUTOTHROTTLE=False", "-s", "CONCURRENT_REQUESTS=2",
+                                "-s", "CONCURRENT_REQUESTS=2",
                                 "-s", f"EXTENSIONS={json.dumps(extensions)}",
                                 "-s", f"STALLPROBE_OUT={out}"], env, timeout=180)
     assert result.returncode == 0, result.output[-2000:]
     assert set(stored(stores)) == shop.expected_pages(base)
     probe = json.loads(out.read_text())
-    stalls = sorted(round(gap, 3) for gap in probe["gaps"] if gap > 0.14)
     assert probe["responses"] >= len(shop.expected_pages(base))
-    # What still blocks: the host's robots.txt cache and browser-mode lookups, once each.
-    assert len(stalls) <= 6, f"the reactor stalled {len(stalls)} times: {stalls}"
+    # Other Redis calls still block (the robots.txt cache, browser-mode memory): not these.
+    in_frontier = [s for s in probe["stalls"]
+                   if any(f.endswith("webfarm/scheduler.py") or "webfarm/frontier/" in f
+                          for f in s["files"])]
+    assert in_frontier == [], f"{len(in_frontier)} stalls in frontier calls: {in_frontier[:3]}"

@@ -58,7 +58,7 @@ from twisted.python.failure import Failure
 from webfarm import signals as wf_signals
 from webfarm.dupefilter import RecentFingerprints
 from webfarm.exceptions import DeadLetter, RetryLater
-from webfarm.frontier import SCRIPT, Entry, Exchange, Frontier, Popped, backoff
+from webfarm.frontier import AsyncFrontier, Entry, Exchange, Frontier, Popped, backoff
 from webfarm.queue import decode_request, open_frontier, request_entry
 from webfarm.redisconn import async_redis_client, redis_client
 from webfarm.serialize import SerializationError
@@ -115,8 +115,8 @@ class Scheduler(BaseScheduler):
         self._redis_retry_at = 0.0
         self._redis_failures = 0
         self._loop: LoopingCall | None = None
-        self._aserver: Any = None  # redis.asyncio client, under the asyncio reactor
-        self._ascript: Any = None
+        self._async: AsyncFrontier | None = None  # under the asyncio reactor
+        self._delays_out: dict[str, float] = {}  # delay changes for the next exchange
         self._fetching: asyncio.Task[None] | None = None  # the exchange in flight
 
     @classmethod
@@ -143,8 +143,7 @@ class Scheduler(BaseScheduler):
         self._hook_engine()
         # A frontier class that overrides exchange() keeps the blocking path it overrides.
         if is_asyncio_reactor_installed() and type(self.frontier).exchange is Frontier.exchange:
-            self._aserver = async_redis_client(self.crawler.settings)
-            self._ascript = self._aserver.register_script(SCRIPT)
+            self._async = AsyncFrontier(self.frontier, async_redis_client(self.crawler.settings))
         self._loop = LoopingCall(self._tick)
         self._loop.start(self.flush_interval, now=False)
         counts = self.frontier.counts()
@@ -161,7 +160,7 @@ class Scheduler(BaseScheduler):
             self._loop.stop()
         if self._wake_call is not None and self._wake_call.active():
             self._wake_call.cancel()
-        if self._aserver is None:
+        if self._async is None:
             self._close()
             return None
         return deferred_from_coro(self._close_async())
@@ -170,7 +169,7 @@ class Scheduler(BaseScheduler):
         if self._fetching is not None:  # it ends within the client's timeout, never raises
             await self._fetching
         self._close()
-        await self._aserver.aclose()
+        await self._async.aclose()
 
     def _close(self) -> None:
         try:
@@ -228,7 +227,7 @@ class Scheduler(BaseScheduler):
         if fingerprint is not None:
             self._recent.add(fingerprint)
         self._push.append(entry)
-        if len(self._push) >= PUSH_BATCH:
+        if len(self._push) >= PUSH_BATCH and not self._start_exchange(0):
             self._flush()
         return True
 
@@ -356,8 +355,12 @@ class Scheduler(BaseScheduler):
         if before is None or (abs(after - before) > 0.05 * max(before, 0.01)
                               and _ms(after) != _ms(before)):
             # The frontier counts delays in whole milliseconds: a change it would not see
-            # is not worth a round trip (the latency rule sends one per response).
-            self._op("delay", lambda: self.frontier.set_delay(host, after))
+            # is not worth a round trip. The latency rule changes one after most responses:
+            # they travel with the next exchange, the latest per host.
+            if self._async is not None:
+                self._delays_out[host] = after
+            else:
+                self._op("delay", lambda: self.frontier.set_delay(host, after))
 
     def host_defer(self, host: str, seconds: float, source: str = "", **kwargs: Any) -> None:
         self._inc("webfarm/frontier/deferred")
@@ -404,7 +407,7 @@ class Scheduler(BaseScheduler):
     def _start_exchange(self, pop: int) -> bool:
         """Start an exchange on the asyncio client, unless one is in flight; False when
         there is no asyncio loop to run it (the caller blocks instead)."""
-        if self._aserver is None or not _loop_running():
+        if self._async is None or not _loop_running():
             return False
         if self._fetching is None:
             self._fetching = asyncio.ensure_future(self._exchange_async(pop))
@@ -413,14 +416,16 @@ class Scheduler(BaseScheduler):
     async def _exchange_async(self, pop: int) -> None:
         """An exchange that does not block the reactor (blocking ones held it for 6-8% of
         a crawl); leases go to the engine when they arrive."""
-        push, acks = self._push, self._acks
-        self._push, self._acks = [], []
+        assert self._async is not None
+        push, acks, delays = self._push, self._acks, self._delays_out
+        self._push, self._acks, self._delays_out = [], [], {}
         try:
-            result: Exchange = await self.frontier.exchange_async(
-                self._ascript, self.worker, push=push, ack=acks, pop=pop)
+            result: Exchange = await self._async.exchange(
+                self.worker, push=push, ack=acks, pop=pop, delays=delays)
         except Exception as exc:  # kept, in order, for the next exchange
             self._push[:0] = push
             self._acks[:0] = acks
+            self._delays_out = {**delays, **self._delays_out}  # a newer one wins
             if not isinstance(exc, (*REDIS_ERRORS, redis.RedisError)):
                 logger.error("Frontier exchange failed", exc_info=exc)
             self._redis_error(exc)
@@ -451,13 +456,16 @@ class Scheduler(BaseScheduler):
             return  # the exchange in flight goes first; the next tick sends the rest
         if force:
             self._redis_retry_at = 0.0
+        for host, seconds in self._delays_out.items():  # blocking, as other calls
+            self._ops.append(("delay", lambda h=host, s=seconds: self.frontier.set_delay(h, s)))
+        self._delays_out = {}
         if self._push or self._acks:
             self._exchange(pop=0)
         if self._ops:
             self._run_ops()
 
     def _tick(self) -> None:
-        if (self._push or self._acks) and self._start_exchange(0):
+        if (self._push or self._acks or self._delays_out) and self._start_exchange(0):
             return
         self._flush()
 

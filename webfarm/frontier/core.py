@@ -27,7 +27,7 @@ from webfarm.frontier.bloom import hash_pair
 
 _SCRIPT_DIR = resources.files("webfarm.frontier").joinpath("scripts")
 # One script from three files (each a part of one chunk; order matters), loaded once per
-# client (the scheduler's asyncio client registers it too: Frontier.exchange_async).
+# client (the scheduler's asyncio client registers it too: webfarm.frontier.aio).
 SCRIPT = "\n".join(
     _SCRIPT_DIR.joinpath(name).read_text() for name in ("common.lua", "bloom.lua", "ops.lua")
 )
@@ -154,22 +154,6 @@ class Frontier:
         """
         steps = self._steps(worker, push, ack, pop)
         return self._joined([self._step_reply(self._call("step", *args), n) for args, n in steps])
-
-    async def exchange_async(
-        self,
-        script: Any,
-        worker: str,
-        *,
-        push: Sequence[Entry] = (),
-        ack: Sequence[str] = (),
-        pop: int = 1,
-    ) -> Exchange:
-        """:meth:`exchange` through ``script``, :data:`SCRIPT` registered on a
-        ``redis.asyncio`` client: the caller's event loop runs on while Redis answers."""
-        steps = self._steps(worker, push, ack, pop)
-        return self._joined([
-            self._step_reply(await script(keys=self._keys, args=[self.prefix, "step", *args]), n)
-            for args, n in steps])
 
     def _steps(self, worker: str, push: Sequence[Entry], ack: Sequence[str], pop: int
                ) -> list[tuple[list[Any], int]]:
@@ -344,10 +328,13 @@ class Frontier:
 
     def set_delay(self, host: str, seconds: float) -> None:
         """Per-host delay between two fetches, shared by every worker."""
+        self._call("set_delay", *self._delay_args(host, seconds))
+
+    def _delay_args(self, host: str, seconds: float) -> list[Any]:
         _check_host(host)
         if not seconds >= 0 or math.isinf(seconds):
             raise ValueError(f"delay must be a finite number >= 0, not {seconds!r}")
-        self._call("set_delay", host, repr(float(seconds)), round(self.default_delay * 1000))
+        return [host, repr(float(seconds)), round(self.default_delay * 1000)]
 
     def get_delay(self, host: str) -> float:
         value = self.server.hget(self.key("delay"), host)
