@@ -19,8 +19,9 @@ What it adds to a plain scheduler, and why:
   latency rule and ``Retry-After`` arrive as signals and are stored in Redis,
   where they gate every worker.
 * **The reactor never waits for Redis on the hot path.** Under the asyncio reactor
-  the pop's exchange runs on an asyncio client: the engine gets ``None`` at once and
-  is woken when the leases arrive. One exchange at a time; other frontier calls wait
+  exchanges run on an asyncio client (:class:`~webfarm.frontier.AsyncFrontier`): the
+  engine gets ``None`` at once and is woken when the leases arrive; delay changes
+  ride along, the latest per host. One exchange at a time; other frontier calls wait
   for it, so acks still never overtake the links pushed before them.
 * **Redis trouble is survivable.** When Redis is unreachable the worker logs
   one line, keeps what it holds, backs off and reconnects.
