@@ -26,6 +26,9 @@ What it adds to a plain scheduler, and why:
 * **Redis trouble is survivable.** When Redis is unreachable the worker logs
   one line, keeps what it holds, backs off and reconnects.
 
+What is held for Redis and the calls that carry it live in
+:class:`~webfarm.frontierlink.FrontierLink`; this module decides what to send.
+
 Scrapy has no "request finished" hook, so the scheduler wraps the engine's
 ``_handle_downloader_output`` — the one place every request's download ends and
 its scraping (callback and pipelines) completes. It is checked at start.
@@ -33,13 +36,11 @@ its scraping (callback and pipelines) completes. It is checked at start.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
 from secrets import token_hex
 from typing import Any
 
@@ -59,7 +60,8 @@ from twisted.python.failure import Failure
 from webfarm import signals as wf_signals
 from webfarm.dupefilter import RecentFingerprints
 from webfarm.exceptions import DeadLetter, RetryLater
-from webfarm.frontier import AsyncFrontier, Entry, Exchange, Frontier, Popped, backoff
+from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped, backoff
+from webfarm.frontierlink import REDIS_ERRORS, FrontierLink
 from webfarm.queue import decode_request, open_frontier, request_entry
 from webfarm.redisconn import async_redis_client, redis_client
 from webfarm.serialize import SerializationError
@@ -68,17 +70,8 @@ logger = logging.getLogger(__name__)
 
 LEASE = "webfarm_lease"
 ATTEMPTS = "webfarm_attempts"
-REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
 PUSH_BATCH = 200
 POP_MAX = 16  # leases asked for in one exchange, at most (never more than the engine takes)
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # called outside the reactor (a test, a command): block instead
-        return False
-    return True
 
 
 def _ms(seconds: float) -> int:
@@ -102,9 +95,7 @@ class Scheduler(BaseScheduler):
         self.worker = f"{socket.gethostname()}:{os.getpid()}:{token_hex(3)}"
         self.frontier: Frontier | None = None
         self.spider: Spider | None = None
-        self._push: list[Entry] = []
-        self._acks: list[str] = []
-        self._ops: deque[tuple[str, Callable[[], Any]]] = deque()  # retries, dead letters, delays
+        self.link: FrontierLink | None = None
         self._inflight: dict[str, Request] = {}
         self._popped: deque[Popped] = deque()  # leased in the last exchange, not handed out
         self._failed: dict[str, tuple[str, str]] = {}  # lease -> (kind, reason)
@@ -112,13 +103,7 @@ class Scheduler(BaseScheduler):
         self._next_poll = 0.0
         self._wake_call: Any = None
         self._empty_since: float | None = None
-        self._redis_down_since: float | None = None
-        self._redis_retry_at = 0.0
-        self._redis_failures = 0
         self._loop: LoopingCall | None = None
-        self._async: AsyncFrontier | None = None  # under the asyncio reactor
-        self._delays_out: dict[str, float] = {}  # delay changes for the next exchange
-        self._fetching: asyncio.Task[None] | None = None  # the exchange in flight
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Scheduler:
@@ -143,9 +128,13 @@ class Scheduler(BaseScheduler):
             logger.warning("SCHEDULER_FLUSH_ON_START: wiped the frontier (%d keys)", deleted)
         self._hook_engine()
         # A frontier class that overrides exchange() keeps the blocking path it overrides.
+        aio = None
         if is_asyncio_reactor_installed() and type(self.frontier).exchange is Frontier.exchange:
-            self._async = AsyncFrontier(self.frontier, async_redis_client(self.crawler.settings))
-        self._loop = LoopingCall(self._tick)
+            aio = AsyncFrontier(self.frontier, async_redis_client(self.crawler.settings))
+        self.link = FrontierLink(self.frontier, self.worker, self.stats, aio,
+                                 on_exchange=self._exchanged,
+                                 leases_held=lambda: len(self._inflight))
+        self._loop = LoopingCall(self.link.tick)
         self._loop.start(self.flush_interval, now=False)
         counts = self.frontier.counts()
         kw = self.server.connection_pool.connection_kwargs
@@ -161,20 +150,21 @@ class Scheduler(BaseScheduler):
             self._loop.stop()
         if self._wake_call is not None and self._wake_call.active():
             self._wake_call.cancel()
-        if self._async is None:
+        if self.link is None or self.link.aio is None:
             self._close()
             return None
         return deferred_from_coro(self._close_async())
 
     async def _close_async(self) -> None:
-        if self._fetching is not None:  # it ends within the client's timeout, never raises
-            await self._fetching
+        assert self.link is not None
+        await self.link.settle()
         self._close()
-        await self._async.aclose()
+        await self.link.aclose()
 
     def _close(self) -> None:
         try:
-            self._flush(force=True)
+            if self.link is not None:
+                self.link.flush(force=True)
             released = self.frontier.release_worker(self.worker) if self.frontier else 0
         except REDIS_ERRORS as exc:
             logger.error("Redis unreachable while closing (%s): %d leases will expire and "
@@ -201,10 +191,11 @@ class Scheduler(BaseScheduler):
     # -- the scheduler interface ------------------------------------------------------------
 
     def has_pending_requests(self) -> bool:
-        return bool(self._push or self._popped or self._fetching)
+        link = self.link
+        return bool(self._popped or (link is not None and (link.push or link.in_flight)))
 
     def __len__(self) -> int:
-        return len(self._push) + len(self._popped)
+        return len(self._popped) + (len(self.link.push) if self.link is not None else 0)
 
     def enqueue_request(self, request: Request) -> bool:
         # A request coming back from the downloader (a redirect) carries its parent's
@@ -227,9 +218,10 @@ class Scheduler(BaseScheduler):
             return False
         if fingerprint is not None:
             self._recent.add(fingerprint)
-        self._push.append(entry)
-        if len(self._push) >= PUSH_BATCH and not self._start_exchange(0):
-            self._flush()
+        assert self.link is not None
+        self.link.push.append(entry)
+        if len(self.link.push) >= PUSH_BATCH and not self.link.start(0):
+            self.link.flush()
         return True
 
     def next_request(self) -> Request | None:
@@ -244,7 +236,7 @@ class Scheduler(BaseScheduler):
                 logger.error("%s (lease %s); moved to the dead-letter queue", reason,
                              popped.lease_id)
                 self._inc("webfarm/frontier/malformed")
-                self._op("dead", lambda p=popped, r=reason: self.frontier.dead(p.lease_id, r))
+                self.link.op("dead", lambda p=popped, r=reason: self.frontier.dead(p.lease_id, r))
                 continue
             request.meta[LEASE] = popped.lease_id
             request.meta[ATTEMPTS] = popped.attempts
@@ -257,15 +249,17 @@ class Scheduler(BaseScheduler):
         """One exchange that leases as many requests as the downloader can start right now
         (the engine takes them in the same loop, so none waits here past its host's turn)."""
         now = time.monotonic()
-        if self._redis_down_since is not None and now < self._redis_retry_at:
+        link = self.link
+        assert link is not None
+        if link.waiting():
             return False
-        if now < self._next_poll and not self._push:
+        if now < self._next_poll and not link.push:
             # The reactor may wake us a hair early: always keep a wake-up pending.
             self._wake_in(self._next_poll - now)
             return False
-        if self._start_exchange(self._pop_size()):
-            return False
-        exchange = self._exchange(pop=self._pop_size())
+        if link.start(self._pop_size()):
+            return False  # the engine is woken when the leases arrive
+        exchange = link.exchange(pop=self._pop_size())
         if exchange is None:
             return False
         if not exchange.popped:
@@ -302,7 +296,7 @@ class Scheduler(BaseScheduler):
         elif isinstance(exc, RetryLater):
             self._retry(lease, request, exc.reason, exc.delay, exc.status, exc.error)
         elif isinstance(exc, IgnoreRequest):
-            self._acks.append(lease)  # robots.txt, offsite...: a normal end
+            self.link.acks.append(lease)  # robots.txt, offsite...: a normal end
             self._inc("webfarm/frontier/acked")
         elif exc is not None:
             error = f"{type(exc).__name__}: {exc}"
@@ -312,7 +306,7 @@ class Scheduler(BaseScheduler):
         elif failed is not None:
             self._retry(lease, request, failed[1], None, None, None)
         else:
-            self._acks.append(lease)
+            self.link.acks.append(lease)
             self._inc("webfarm/frontier/acked")
 
     def item_error(self, item: Any, response: Any, spider: Spider, failure: Failure) -> None:
@@ -337,13 +331,14 @@ class Scheduler(BaseScheduler):
                                                        self.backoff_max)
         logger.debug("Retrying %s in %.1fs (attempt %d): %s", request, wait, attempts, reason)
         self._inc("webfarm/frontier/retried")
-        self._op("retry", lambda: self.frontier.retry(lease, wait, reason))
+        self.link.op("retry", lambda: self.frontier.retry(lease, wait, reason))
 
     def _dead(self, lease: str, request: Request, reason: str, status: int | None,
               error: str | None) -> None:
         logger.warning("Dead-lettered %s: %s", request, reason)
         self._inc("webfarm/frontier/dead")
-        self._op("dead", lambda: self.frontier.dead(lease, reason, status=status, error=error))
+        self.link.op("dead", lambda: self.frontier.dead(lease, reason, status=status,
+                                                        error=error))
 
     # -- politeness -------------------------------------------------------------------------
 
@@ -358,138 +353,29 @@ class Scheduler(BaseScheduler):
             # The frontier counts delays in whole milliseconds: a change it would not see
             # is not worth a round trip. The latency rule changes one after most responses:
             # they travel with the next exchange, the latest per host.
-            if self._async is not None:
-                self._delays_out[host] = after
+            if self.link.aio is not None:
+                self.link.delays[host] = after
             else:
-                self._op("delay", lambda: self.frontier.set_delay(host, after))
+                self.link.op("delay", lambda: self.frontier.set_delay(host, after))
 
     def host_defer(self, host: str, seconds: float, source: str = "", **kwargs: Any) -> None:
         self._inc("webfarm/frontier/deferred")
-        self._op("defer", lambda: self.frontier.defer_host(host, seconds))
+        self.link.op("defer", lambda: self.frontier.defer_host(host, seconds))
 
-    # -- talking to Redis -------------------------------------------------------------------
+    # -- talking to Redis (webfarm.frontierlink) ------------------------------------------
 
-    def _op(self, name: str, call: Callable[[], Any]) -> None:
-        """Run a frontier call now, or keep it for when Redis is back."""
-        self._ops.append((name, call))
-        self._run_ops()
-
-    def _run_ops(self) -> None:
-        if self._fetching or (self._redis_down_since is not None
-                              and time.monotonic() < self._redis_retry_at):
-            return  # an exchange in flight runs these when it is back
-        # Pushes and acks first, so a retried parent never lands before its children
-        # (a delay or a deferral does not care, and skips that extra round trip).
-        ordered = any(name in ("retry", "dead") for name, _ in self._ops)
-        if ordered and (self._push or self._acks) and self._exchange(pop=0) is None:
-            return
-        while self._ops:
-            _, call = self._ops[0]
-            try:
-                call()
-            except REDIS_ERRORS as exc:
-                self._redis_error(exc)
-                return
-            self._ops.popleft()
-        self._redis_ok()
-
-    def _exchange(self, pop: int) -> Any:
-        push, acks = self._push, self._acks
-        try:
-            result = self.frontier.exchange(self.worker, push=push, ack=acks, pop=pop)
-        except REDIS_ERRORS as exc:
-            self._redis_error(exc)
-            return None
-        self._push, self._acks = [], []
-        self._redis_ok()
-        self._exchanged(push, result)
-        return result
-
-    def _start_exchange(self, pop: int) -> bool:
-        """Start an exchange on the asyncio client, unless one is in flight; False when
-        there is no asyncio loop to run it (the caller blocks instead)."""
-        if self._async is None or not _loop_running():
-            return False
-        if self._fetching is None:
-            self._fetching = asyncio.ensure_future(self._exchange_async(pop))
-        return True
-
-    async def _exchange_async(self, pop: int) -> None:
-        """An exchange that does not block the reactor (blocking ones held it for 6-8% of
-        a crawl); leases go to the engine when they arrive."""
-        assert self._async is not None
-        push, acks, delays = self._push, self._acks, self._delays_out
-        self._push, self._acks, self._delays_out = [], [], {}
-        try:
-            result: Exchange = await self._async.exchange(
-                self.worker, push=push, ack=acks, pop=pop, delays=delays)
-        except Exception as exc:  # kept, in order, for the next exchange
-            self._push[:0] = push
-            self._acks[:0] = acks
-            self._delays_out = {**delays, **self._delays_out}  # a newer one wins
-            if not isinstance(exc, (*REDIS_ERRORS, redis.RedisError)):
-                logger.error("Frontier exchange failed", exc_info=exc)
-            self._redis_error(exc)
-            return
-        finally:
-            self._fetching = None
-        self._redis_ok()
-        self._exchanged(push, result)
+    def _exchanged(self, result: Exchange, pop: int, later: bool) -> None:
+        if sum(result.enqueued) or result.popped:
+            # The frontier holds work again: lift the idle poll gate, or the engine would
+            # get one request per batch of links until the gate expires (a starved crawl).
+            self._next_poll = 0.0
+        if not later:
+            return  # the caller of the blocking exchange takes its leases
         if result.popped:
             self._popped.extend(result.popped)
         elif pop:
             self._idle_until(result.ready_in)
         self._wake()  # the engine asks again: for these leases, new work, or to see it is idle
-        if self._ops:
-            self._run_ops()
-
-    def _exchanged(self, push: list[Entry], result: Exchange) -> None:
-        added = sum(result.enqueued)
-        if added or result.popped:
-            # The frontier holds work again: lift the idle poll gate, or the engine would
-            # get one request per batch of links until the gate expires (a starved crawl).
-            self._next_poll = 0.0
-        self._inc("webfarm/frontier/enqueued", added)
-        self._inc("webfarm/frontier/duplicates", len(push) - added)
-
-    def _flush(self, force: bool = False) -> None:
-        if self._fetching:
-            return  # the exchange in flight goes first; the next tick sends the rest
-        if force:
-            self._redis_retry_at = 0.0
-        for host, seconds in self._delays_out.items():  # blocking, as other calls
-            self._ops.append(("delay", lambda h=host, s=seconds: self.frontier.set_delay(h, s)))
-        self._delays_out = {}
-        if self._push or self._acks:
-            self._exchange(pop=0)
-        if self._ops:
-            self._run_ops()
-
-    def _tick(self) -> None:
-        if (self._push or self._acks or self._delays_out) and self._start_exchange(0):
-            return
-        self._flush()
-
-    def _redis_error(self, exc: Exception) -> None:
-        now = time.monotonic()
-        self._redis_failures += 1
-        wait = min(30.0, 0.5 * 2 ** min(self._redis_failures, 6))
-        self._redis_retry_at = now + wait
-        if self._redis_down_since is None:
-            self._redis_down_since = now
-            logger.error(
-                "Redis unreachable (%s); holding %d links, %d acks, %d other operations and "
-                "%d in-flight leases, retrying with backoff", exc, len(self._push),
-                len(self._acks), len(self._ops), len(self._inflight),
-            )
-            self._inc("webfarm/frontier/redis_outages")
-
-    def _redis_ok(self) -> None:
-        if self._redis_down_since is not None:
-            logger.info("Redis reachable again after %.1fs",
-                        time.monotonic() - self._redis_down_since)
-            self._redis_down_since = None
-        self._redis_failures = 0
 
     def _idle_until(self, ready_in: float | None) -> None:
         """Nothing ready: ask again when the frontier says, at most a second from now
@@ -516,13 +402,13 @@ class Scheduler(BaseScheduler):
     def spider_idle(self, spider: Spider) -> None:
         """Keep the worker until the whole frontier (every worker's share) stayed empty
         for ``WEBFARM_IDLE_TIMEOUT`` seconds; 0 keeps it forever."""
-        self._flush()
-        if self.idle_timeout <= 0 or self._redis_down_since is not None or self._push:
+        self.link.flush()
+        if self.idle_timeout <= 0 or self.link.down_since is not None or self.link.push:
             raise DontCloseSpider
         try:
             idle = self.frontier.is_idle()
         except REDIS_ERRORS as exc:
-            self._redis_error(exc)
+            self.link.error(exc)
             raise DontCloseSpider from None
         if not idle:
             self._empty_since = None

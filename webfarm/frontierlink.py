@@ -1,0 +1,193 @@
+"""A worker's link to the frontier: what it holds for Redis and the calls that carry it.
+
+Links to push, leases to acknowledge and delay changes wait here and travel in
+one exchange; retries, dead letters and deferrals queue behind it, so a retried
+parent never lands before its children. Under a running asyncio loop (the
+reactor's) an exchange does not block: one is in flight at a time, so order
+holds, and its result goes to ``on_exchange``. When Redis is unreachable
+everything stays held: one line is logged, and calls back off and try again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from scrapy.statscollectors import StatsCollector
+
+from webfarm.frontier import AsyncFrontier, Entry, Exchange, Frontier
+
+logger = logging.getLogger(__name__)
+
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # called outside the reactor (a test, a command): block instead
+        return False
+    return True
+
+
+class FrontierLink:
+    def __init__(
+        self, frontier: Frontier, worker: str, stats: StatsCollector | None = None,
+        aio: AsyncFrontier | None = None,
+        on_exchange: Callable[[Exchange, int, bool], None] | None = None,
+        leases_held: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.frontier = frontier
+        self.worker = worker
+        self.stats = stats
+        self.aio = aio  # None: every call blocks
+        #: ``(result, pop, later)`` after each exchange; ``later`` for one that did not block
+        self.on_exchange = on_exchange or (lambda result, pop, later: None)
+        self.leases_held = leases_held  # for the outage log line
+        self.push: list[Entry] = []
+        self.acks: list[str] = []
+        self.delays: dict[str, float] = {}  # host -> seconds, the latest change of each
+        self.ops: deque[tuple[str, Callable[[], Any]]] = deque()  # retries, dead letters...
+        self.in_flight: asyncio.Future[None] | None = None
+        self.down_since: float | None = None
+        self._retry_at = 0.0
+        self._failures = 0
+
+    def waiting(self) -> bool:
+        """Redis was unreachable and the backoff has not passed yet."""
+        return self.down_since is not None and time.monotonic() < self._retry_at
+
+    # -- calls ----------------------------------------------------------------------------
+
+    def op(self, name: str, call: Callable[[], Any]) -> None:
+        """Run a frontier call now, or keep it for when Redis is back."""
+        self.ops.append((name, call))
+        self.run_ops()
+
+    def run_ops(self) -> None:
+        if self.in_flight or self.waiting():
+            return  # the exchange in flight runs these when it is back
+        # Pushes and acks first, so a retried parent never lands before its children
+        # (a delay or a deferral does not care, and skips that extra round trip).
+        ordered = any(name in ("retry", "dead") for name, _ in self.ops)
+        if ordered and (self.push or self.acks) and self.exchange(pop=0) is None:
+            return
+        while self.ops:
+            _, call = self.ops[0]
+            try:
+                call()
+            except REDIS_ERRORS as exc:
+                self.error(exc)
+                return
+            self.ops.popleft()
+        self.ok()
+
+    def exchange(self, pop: int) -> Exchange | None:
+        """A blocking exchange; None when Redis is unreachable (everything stays held)."""
+        push, acks = self.push, self.acks
+        try:
+            result = self.frontier.exchange(self.worker, push=push, ack=acks, pop=pop)
+        except REDIS_ERRORS as exc:
+            self.error(exc)
+            return None
+        self.push, self.acks = [], []
+        self.ok()
+        self._counted(push, result)
+        self.on_exchange(result, pop, False)
+        return result
+
+    def start(self, pop: int) -> bool:
+        """Start an exchange that does not block, unless one is in flight; False when
+        there is no asyncio loop to run it (the caller blocks instead)."""
+        if self.aio is None or not _loop_running():
+            return False
+        if self.in_flight is None:
+            self.in_flight = asyncio.ensure_future(self._exchange_async(pop))
+        return True
+
+    async def _exchange_async(self, pop: int) -> None:
+        assert self.aio is not None
+        push, acks, delays = self.push, self.acks, self.delays
+        self.push, self.acks, self.delays = [], [], {}
+        try:
+            result = await self.aio.exchange(self.worker, push=push, ack=acks, pop=pop,
+                                             delays=delays)
+        except Exception as exc:  # kept, in order, for the next exchange
+            self.push[:0] = push
+            self.acks[:0] = acks
+            self.delays = {**delays, **self.delays}  # a newer one wins
+            if not isinstance(exc, (*REDIS_ERRORS, redis.RedisError)):
+                logger.error("Frontier exchange failed", exc_info=exc)
+            self.error(exc)
+            return
+        finally:
+            self.in_flight = None
+        self.ok()
+        self._counted(push, result)
+        self.on_exchange(result, pop, True)
+        if self.ops:
+            self.run_ops()
+
+    def flush(self, force: bool = False) -> None:
+        """Send what is held now, blocking (``force``: even within the backoff)."""
+        if self.in_flight:
+            return  # the exchange in flight goes first; the next tick sends the rest
+        if force:
+            self._retry_at = 0.0
+        for host, seconds in self.delays.items():
+            self.ops.append(("delay", lambda h=host, s=seconds: self.frontier.set_delay(h, s)))
+        self.delays = {}
+        if self.push or self.acks:
+            self.exchange(pop=0)
+        if self.ops:
+            self.run_ops()
+
+    def tick(self) -> None:
+        """Send what is held, without blocking when a loop runs (a timer's call)."""
+        if (self.push or self.acks or self.delays) and self.start(0):
+            return
+        self.flush()
+
+    async def settle(self) -> None:
+        """Wait for the exchange in flight (it ends within the client's timeout)."""
+        if self.in_flight is not None:
+            await self.in_flight
+
+    async def aclose(self) -> None:
+        if self.aio is not None:
+            await self.aio.aclose()
+
+    # -- Redis trouble ----------------------------------------------------------------------
+
+    def error(self, exc: Exception) -> None:
+        now = time.monotonic()
+        self._failures += 1
+        self._retry_at = now + min(30.0, 0.5 * 2 ** min(self._failures, 6))
+        if self.down_since is None:
+            self.down_since = now
+            logger.error(
+                "Redis unreachable (%s); holding %d links, %d acks, %d other operations and "
+                "%d in-flight leases, retrying with backoff", exc, len(self.push),
+                len(self.acks), len(self.ops), self.leases_held(),
+            )
+            self._inc("webfarm/frontier/redis_outages")
+
+    def ok(self) -> None:
+        if self.down_since is not None:
+            logger.info("Redis reachable again after %.1fs", time.monotonic() - self.down_since)
+            self.down_since = None
+        self._failures = 0
+
+    def _counted(self, push: list[Entry], result: Exchange) -> None:
+        added = sum(result.enqueued)
+        self._inc("webfarm/frontier/enqueued", added)
+        self._inc("webfarm/frontier/duplicates", len(push) - added)
+
+    def _inc(self, key: str, count: int = 1) -> None:
+        if self.stats is not None and count:
+            self.stats.inc_value(key, count)
