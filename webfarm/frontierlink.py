@@ -21,10 +21,9 @@ import redis
 from scrapy.statscollectors import StatsCollector
 
 from webfarm.frontier import AsyncFrontier, Entry, Exchange, Frontier
+from webfarm.redisconn import REDIS_ERRORS
 
 logger = logging.getLogger(__name__)
-
-REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
 
 
 def _loop_running() -> bool:

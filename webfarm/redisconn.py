@@ -8,6 +8,8 @@ from scrapy.settings import BaseSettings
 
 from webfarm import config
 
+# What a Redis call raises when the server is unreachable or too slow to answer.
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
 # Short timeouts: a dead Redis must show up as an error, not a hung worker.
 CLIENT_OPTIONS = {
     "socket_timeout": 10,

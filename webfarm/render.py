@@ -26,10 +26,11 @@ import redis
 from lxml import etree
 from scrapy.http import Response, TextResponse
 
+from webfarm.redisconn import REDIS_ERRORS
+
 logger = logging.getLogger(__name__)
 
 MODES = ("http", "browser", "auto", "api")
-REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
 # Elements single-page-app frameworks mount into; empty in the HTML means "rendered later".
 APP_ROOT_IDS = ("root", "app", "__next", "__nuxt", "___gatsby", "svelte", "main-app")
 _APP_ROOTS = " or ".join(f"@id='{i}'" for i in APP_ROOT_IDS)

@@ -61,9 +61,9 @@ from webfarm import signals as wf_signals
 from webfarm.dupefilter import RecentFingerprints
 from webfarm.exceptions import DeadLetter, RetryLater
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped, backoff
-from webfarm.frontierlink import REDIS_ERRORS, FrontierLink
+from webfarm.frontierlink import FrontierLink
 from webfarm.queue import decode_request, open_frontier, request_entry
-from webfarm.redisconn import async_redis_client, redis_client
+from webfarm.redisconn import REDIS_ERRORS, async_redis_client, redis_client
 from webfarm.serialize import SerializationError
 
 logger = logging.getLogger(__name__)
@@ -257,9 +257,10 @@ class Scheduler(BaseScheduler):
             # The reactor may wake us a hair early: always keep a wake-up pending.
             self._wake_in(self._next_poll - now)
             return False
-        if link.start(self._pop_size()):
+        size = self._pop_size()
+        if link.start(size):
             return False  # the engine is woken when the leases arrive
-        exchange = link.exchange(pop=self._pop_size())
+        exchange = link.exchange(pop=size)
         if exchange is None:
             return False
         if not exchange.popped:
