@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
 import redis
 import redis.asyncio
+from redis.exceptions import NoScriptError
 from scrapy.settings import BaseSettings
+from scrapy.utils.reactor import is_asyncio_reactor_installed
 
 from webfarm import config
 
@@ -18,6 +24,8 @@ CLIENT_OPTIONS = {
     "retry_on_timeout": True,
 }
 
+AnyRedis = redis.Redis | redis.asyncio.Redis
+
 
 def redis_client(settings: BaseSettings) -> redis.Redis:
     """A client for ``REDIS_URL`` (or the embedded Valkey)."""
@@ -27,3 +35,47 @@ def redis_client(settings: BaseSettings) -> redis.Redis:
 def async_redis_client(settings: BaseSettings) -> redis.asyncio.Redis:
     """The same, on asyncio: the scheduler's hot path, so the reactor never waits for Redis."""
     return redis.asyncio.Redis.from_url(config.redis_url(settings), **CLIENT_OPTIONS)
+
+
+def crawl_redis_client(settings: BaseSettings) -> AnyRedis:
+    """The client for a component that awaits its calls during a crawl (via :func:`answer`):
+    ``redis.asyncio`` under the asyncio reactor (webfarm's), so the reactor runs on while
+    Redis answers; the blocking client under any other reactor."""
+    if is_asyncio_reactor_installed():
+        return async_redis_client(settings)
+    return redis_client(settings)
+
+
+async def answer(call: Any) -> Any:
+    """What a Redis call returns, from either client: awaited on ``redis.asyncio``, as it
+    is from the blocking client (one code path for both)."""
+    return await call if inspect.isawaitable(call) else call
+
+
+async def close_client(client: AnyRedis) -> None:
+    if isinstance(client, redis.asyncio.Redis):
+        await client.aclose()
+    else:
+        client.close()
+
+
+async def run_script(client: AnyRedis, script: Any, calls: Sequence[tuple[Sequence[Any],
+                                                                          Sequence[Any]]]
+                     ) -> list[Any]:
+    """Calls (keys, args) of one registered Lua script in one round trip, in order (a
+    non-transactional pipeline of EVALSHA). NOSCRIPT (a restarted or flushed server)
+    means none ran: the script is loaded and they are sent again. redis-py's own
+    pipelines would ask SCRIPT EXISTS first, a round trip each time."""
+    for attempt in (1, 2):
+        pipe = client.pipeline(transaction=False)
+        for keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        replies = await answer(pipe.execute(raise_on_error=False))
+        if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
+            script.sha = await answer(client.script_load(script.script))
+            continue
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return list(replies)
+    raise AssertionError("unreachable")

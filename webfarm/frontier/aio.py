@@ -9,12 +9,11 @@ loop runs on meanwhile. Same script, same arguments, same answers as
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import redis.asyncio
-from redis.exceptions import NoScriptError
 
 from webfarm.frontier.core import SCRIPT, Entry, Exchange, Frontier
+from webfarm.redisconn import run_script
 
 
 class AsyncFrontier:
@@ -46,28 +45,11 @@ class AsyncFrontier:
         if len(calls) == 1:
             replies = [await self._script(keys=f._keys, args=[f.prefix, *calls[0]])]
         else:
-            replies = await self._pipelined(calls)
+            replies = await run_script(self.client, self._script,
+                                       [(f._keys, [f.prefix, *args]) for args in calls])
         replies = replies[len(calls) - len(steps):]
         return f._joined([f._step_reply(reply, n)
                           for reply, (_, n) in zip(replies, steps, strict=True)])
-
-    async def _pipelined(self, calls: list[list[Any]]) -> list[Any]:
-        """The script's calls in one round trip. NOSCRIPT (a restarted or flushed server)
-        means none ran: load the script and send them again."""
-        f, script = self.frontier, self._script
-        for attempt in (1, 2):
-            pipe = self.client.pipeline(transaction=False)
-            for args in calls:
-                pipe.evalsha(script.sha, len(f._keys), *f._keys, f.prefix, *args)
-            replies = await pipe.execute(raise_on_error=False)
-            if attempt == 1 and any(isinstance(r, NoScriptError) for r in replies):
-                script.sha = await self.client.script_load(script.script)
-                continue
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return list(replies)
-        raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
         await self.client.aclose()
