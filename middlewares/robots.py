@@ -63,7 +63,7 @@ from twisted.internet.task import deferLater
 from middlewares.retry import parse_retry_after
 from webfarm import signals as wf_signals
 from webfarm.exceptions import DeadLetter, RetryLater
-from webfarm.redisconn import redis_client
+from webfarm.redisconn import close_client, crawl_redis_client
 from webfarm.robots import (
     ALLOW_ALL,
     DISALLOW_ALL,
@@ -124,7 +124,7 @@ class RobotsMiddleware:
         self.base_delay = settings.getfloat("WEBFARM_HOST_DELAY", 1.0)
         self.lock_seconds = (MAX_REDIRECTS + 1) * settings.getfloat("DOWNLOAD_TIMEOUT", 180) + 10
         spider = crawler.spider.name if crawler.spider else crawler.spidercls.name
-        self.cache = SharedRobotsCache(redis_client(settings), spider, self.lock_seconds,
+        self.cache = SharedRobotsCache(crawl_redis_client(settings), spider, self.lock_seconds,
                                        keep_seconds=2 * self.cache_seconds)
         self._known: OrderedDict[str, Known] = OrderedDict()
         self._pending: dict[str, list[Deferred[None]]] = {}
@@ -137,11 +137,12 @@ class RobotsMiddleware:
     def from_crawler(cls, crawler: Crawler) -> RobotsMiddleware:
         return cls(crawler)
 
-    def spider_closed(self, spider: Spider) -> None:
+    async def spider_closed(self, spider: Spider) -> None:
         for call in self._rechecks.values():
             if call.active():
                 call.cancel()
         self._rechecks.clear()
+        await close_client(self.cache.server)
 
     def bytes_received(self, data: bytes, request: Request, spider: Spider) -> None:
         """Stop a robots.txt download past the parsing limit and keep what came."""
@@ -255,12 +256,12 @@ class RobotsMiddleware:
     # -- loading: Redis first, else fetch under a lock ------------------------------------------
 
     async def _load(self, origin: str) -> Known:
-        record = self.cache.read(origin)
+        record = await self.cache.read(origin)
         if record is not None and record.expires > time.time():
             self._inc("webfarm/robots/shared_hits")
             return await self._known_from(origin, record)
         token = token_hex(8)
-        if not self.cache.lock(origin, token):
+        if not await self.cache.lock(origin, token):
             waited = await self._wait_for_other(origin, token)
             if isinstance(waited, Known):
                 return waited
@@ -274,11 +275,11 @@ class RobotsMiddleware:
             retry_in = self.retry_delay
             if fetched.retry_after is not None:
                 retry_in = min(max(fetched.retry_after, 1.0), self.retry_after_max)
-            record = next_record(fetched, self.cache.read(origin) or record, time.time(),
+            record = next_record(fetched, await self.cache.read(origin) or record, time.time(),
                                  self.cache_seconds, retry_in)
-            self.cache.write(origin, record)
+            await self.cache.write(origin, record)
         finally:
-            self.cache.unlock(origin, token)
+            await self.cache.unlock(origin, token)
         return await self._known_from(origin, record)
 
     async def _wait_for_other(self, origin: str, token: str) -> Known | Record | None:
@@ -287,12 +288,12 @@ class RobotsMiddleware:
         deadline = time.monotonic() + self.wait_seconds
         while time.monotonic() < deadline:
             await maybe_deferred_to_future(deferLater(reactor, 0.2, lambda: None))
-            record = self.cache.read(origin)
+            record = await self.cache.read(origin)
             if record is not None and record.expires > time.time():
                 known = await self._known_from(origin, record)
                 known.burst = True
                 return known
-            if self.cache.lock(origin, token):
+            if await self.cache.lock(origin, token):
                 return record
         return Known("busy", time.monotonic() + 1.0,
                      reason="another worker is still fetching it")

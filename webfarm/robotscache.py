@@ -4,6 +4,10 @@ Keys: ``webfarm:{SPIDER}:robots:<origin>`` (a hash of :class:`webfarm.robots.Rec
 plain fields and the raw text, never anything executable) and ``…:<origin>:lock``
 (the token of the worker fetching it). A Redis outage degrades to "every worker
 fetches for itself" with one logged line, never to "allowed".
+
+The calls are awaited: on ``redis.asyncio`` (the crawl's client, see
+:func:`webfarm.redisconn.crawl_redis_client`) the reactor runs on meanwhile, so a
+broad crawl meeting a new host every few requests never waits for a remote Redis.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import time
 import redis
 
 from webfarm.frontier.core import key_prefix
+from webfarm.redisconn import AnyRedis, answer
 from webfarm.robots import Record
 
 logger = logging.getLogger(__name__)
@@ -24,7 +29,7 @@ _UNLOCK = ("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL
 
 
 class SharedRobotsCache:
-    def __init__(self, server: redis.Redis, spider: str, lock_seconds: float,
+    def __init__(self, server: AnyRedis, spider: str, lock_seconds: float,
                  keep_seconds: float) -> None:
         self.server = server
         self.prefix = key_prefix(spider) + "robots:"
@@ -35,38 +40,38 @@ class SharedRobotsCache:
     def key(self, origin: str) -> str:
         return self.prefix + origin
 
-    def read(self, origin: str) -> Record | None:
+    async def read(self, origin: str) -> Record | None:
         try:
-            raw = self.server.hgetall(self.key(origin))
+            raw = await answer(self.server.hgetall(self.key(origin)))
         except REDIS_ERRORS as exc:
             self._trouble(exc)
             return None
         self._warned = False
         return Record.from_mapping(raw) if raw else None
 
-    def write(self, origin: str, record: Record) -> None:
+    async def write(self, origin: str, record: Record) -> None:
         ttl = max(int(self.keep_seconds), int(record.expires - time.time()) + 60, 60)
         try:
             pipe = self.server.pipeline(transaction=True)
             pipe.delete(self.key(origin))
             pipe.hset(self.key(origin), mapping=record.to_mapping())  # type: ignore[arg-type]
             pipe.expire(self.key(origin), ttl)
-            pipe.execute()
+            await answer(pipe.execute())
         except REDIS_ERRORS as exc:
             self._trouble(exc)
 
-    def lock(self, origin: str, token: str) -> bool:
+    async def lock(self, origin: str, token: str) -> bool:
         """True when this worker may fetch (it got the lock, or Redis is down)."""
         try:
-            return bool(self.server.set(self.key(origin) + ":lock", token, nx=True,
-                                        px=self.lock_ms))
+            return bool(await answer(self.server.set(self.key(origin) + ":lock", token,
+                                                     nx=True, px=self.lock_ms)))
         except REDIS_ERRORS as exc:
             self._trouble(exc)
             return True
 
-    def unlock(self, origin: str, token: str) -> None:
+    async def unlock(self, origin: str, token: str) -> None:
         try:
-            self.server.eval(_UNLOCK, 1, self.key(origin) + ":lock", token)
+            await answer(self.server.eval(_UNLOCK, 1, self.key(origin) + ":lock", token))
         except REDIS_ERRORS as exc:
             self._trouble(exc)
 
