@@ -12,7 +12,7 @@ for its host, then the spider's ``render`` attribute (``-a render=``), then
   ``dont_filter``), so the frontier's politeness, leases and retries apply to
   it as to any request; the HTTP fetch's lease is acknowledged as done. Each
   judgement also feeds the host's shared memory in Redis
-  (:class:`webfarm.render.HostMemory`): once a host's pages mostly need
+  (:class:`webfarm.rendermemory.HostMemory`): once a host's pages mostly need
   JavaScript, its later pages go straight to the browser, except one in
   ``1/WEBFARM_RENDER_PROBE_RATE`` that is probed over HTTP again, so a host
   that stops needing the browser is noticed and flips back. A host where the
@@ -48,9 +48,8 @@ from webfarm import browser
 from webfarm.exceptions import DeadLetter, RetryLater
 from webfarm.fetchapi import FLAG as API_FLAG
 from webfarm.fetchapi import META_CALL, FetchAPI, FetchAPIError
-from webfarm.redisconn import redis_client
+from webfarm.redisconn import close_client, crawl_redis_client
 from webfarm.render import (
-    HostMemory,
     RenderCheck,
     RenderConfigError,
     check_render_check,
@@ -63,6 +62,7 @@ from webfarm.render import (
     rendering_helped,
     visible_text_length,
 )
+from webfarm.rendermemory import HostMemory
 from webfarm.urls import host_of
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ class RenderMiddleware:
     def spider_opened(self, spider: Spider) -> None:
         settings = self.crawler.settings
         self.memory = HostMemory(
-            redis_client(settings), spider.name, self.memory_seconds,
+            crawl_redis_client(settings), spider.name, self.memory_seconds,
             min_pages=self.min_pages, share=self.share)
         from webfarm.netguard import NetGuard
 
@@ -175,9 +175,10 @@ class RenderMiddleware:
                     self.default_mode, self.spider_mode or "-", len(self.host_modes),
                     "on" if self.api else "off")
 
-    def spider_closed(self, spider: Spider) -> None:
+    async def spider_closed(self, spider: Spider) -> None:
         if self.memory is not None:
-            self.memory.flush()
+            await self.memory.flush()
+            await close_client(self.memory.server)
         refused = browser.take_refusals()
         if refused:
             self.stats.inc_value(f"{PREFIX}/browser_refused", len(refused))
@@ -193,7 +194,7 @@ class RenderMiddleware:
         host_mode = mode_for_host(self.host_modes, host_of(request.url))
         return host_mode or self.spider_mode or self.default_mode
 
-    def _choose(self, request: Request) -> tuple[str, str]:
+    async def _choose(self, request: Request) -> tuple[str, str]:
         if request.meta.get("playwright"):
             return "browser", "spider"
         mode = self.mode_of(request)
@@ -203,7 +204,7 @@ class RenderMiddleware:
             return "http", "mode"
         host = host_of(request.url)
         assert self.memory is not None
-        remembered = self.memory.mode(host)
+        remembered = await self.memory.mode(host)
         if remembered not in ("browser", "api"):
             return "http", "auto"
         self._served[host] += 1
@@ -219,7 +220,7 @@ class RenderMiddleware:
         if meta.get(META_CALL) or urlsplit(request.url).path == "/robots.txt":
             return None
         if META_RUNG not in meta:
-            meta[META_RUNG], meta[META_WHY] = self._choose(request)
+            meta[META_RUNG], meta[META_WHY] = await self._choose(request)
         rung = meta[META_RUNG]
         if rung == "browser":
             meta["playwright"] = True
@@ -249,8 +250,8 @@ class RenderMiddleware:
             self.stats.inc_value(f"{PREFIX}/browser")
             if meta.get(META_WHY) == "escalated" and self.memory is not None:
                 host = host_of(request.url)
-                if self.memory.mode(host) == "api":  # the browser works for it again
-                    self.memory.remember(host, "browser")
+                if await self.memory.mode(host) == "api":  # the browser works for it again
+                    await self.memory.remember(host, "browser")
             if meta.get(META_WHY) == "escalated" and not rendering_helped(
                     response, self.check, int(meta.get(META_HTTP_TEXT) or 0)):
                 self.stats.inc_value(f"{PREFIX}/wrong_guess")
@@ -262,7 +263,7 @@ class RenderMiddleware:
             assert self.memory is not None
             host = host_of(request.url)
             reason = needs_js(response, self.check, self.min_text)
-            mode = self.memory.observe(host, reason is not None)
+            mode = await self.memory.observe(host, reason is not None)
             if reason is not None:
                 self.stats.inc_value(f"{PREFIX}/escalated")
                 logger.debug("Render: %s needs a browser (%s); host %s is now %s-first",
@@ -304,7 +305,7 @@ class RenderMiddleware:
             meta[META_RUNG], meta[META_WHY] = "api", "browser_failed"
             page = await self._via_api(request)
             if self.memory is not None and self.mode_of(request) == "auto":
-                self.memory.remember(host_of(request.url), "api")  # skip the browser next
+                await self.memory.remember(host_of(request.url), "api")  # skip the browser next
             return page
         if missing:
             raise DeadLetter(f"needs a browser: {exception}", error="BrowserNotFound")

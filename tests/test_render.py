@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 import uuid
 
 import pymongo
 import pytest
 import redis
+import redis.asyncio
 from scrapy.settings import Settings
 
 from tests import runner
@@ -16,7 +19,8 @@ from tests.testweb import Response, TestWeb
 from tests.testweb.jspages import JsSite
 from webfarm.blobstore import open_blob_store
 from webfarm.queue import open_frontier
-from webfarm.render import HostMemory
+from webfarm.redisconn import close_client
+from webfarm.rendermemory import HostMemory
 
 
 def crawl(env, *args: str, timeout: float = 120) -> runner.Result:
@@ -94,7 +98,7 @@ def test_probe_notices_a_host_that_stopped_needing_javascript(web, stores, redis
     site = JsSite(pages=8).install(web, host)
     site.js = False  # the host was redesigned: plain HTML now
     memory = HostMemory(redis.Redis.from_url(redis_url), "generic", 3600)
-    assert [memory.observe(host, True) for _ in range(2)] == ["http", "browser"]
+    assert asyncio.run(observe_all(memory, host, [True, True])) == ["http", "browser"]
     env = runner.env_for(**stores, WEBFARM_RENDER_PROBE_RATE="0.5")
     # One fetch at a time (a politeness delay's effect), so the flip is seen by the rest.
     result = crawl(env, "-s", "CONCURRENT_REQUESTS=1", "-a", f"start={site.url()}")
@@ -108,35 +112,78 @@ def test_probe_notices_a_host_that_stopped_needing_javascript(web, stores, redis
     assert methods.count("browser") == 1 and methods.count("http") == 8  # home, then flipped
 
 
-def test_plain_pages_are_counted_in_batches_and_a_js_page_at_once(redis_url):
+async def observe_all(memory: HostMemory, host: str, needed: list[bool]) -> list[str]:
+    return [await memory.observe(host, js) for js in needed]
+
+
+async def until(check, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "not seen in time"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("client_kind", ["asyncio", "blocking"])
+def test_plain_pages_are_counted_in_batches_and_a_js_page_at_once(redis_url, client_kind):
     """A page that did not need JavaScript on an http host cannot change its mode: it is
-    counted with others in one round trip. One that needed it goes to Redis at once."""
+    counted with others in one round trip (in the background on asyncio, webfarm's
+    reactor). One that needed it goes to Redis at once, after the ones counted before it.
+    The blocking client is what a crawl under another reactor gets."""
     client = redis.Redis.from_url(redis_url)
     host = f"batch-{uuid.uuid4().hex[:8]}.test"
-    memory = HostMemory(client, "generic", 3600, min_pages=2, share=0.2, batch_size=5,
-                        batch_seconds=60)
-    key = memory.key(host)
-    assert memory.observe(host, False) == "http"  # unknown host: asked at once
-    assert client.hget(key, "ok") == b"1"
-    for _ in range(3):
-        assert memory.observe(host, False) == "http"
-    assert client.hget(key, "ok") == b"1"  # counted, not sent yet
-    assert memory.observe(host, True) == "http"  # sent with the 3 before it, in order
-    assert (client.hget(key, "ok"), client.hget(key, "js")) == (b"4", b"1")
-    for _ in range(5):  # the fifth fills the batch
-        memory.observe(host, False)
-    assert client.hget(key, "ok") == b"9"
-    memory.observe(host, False)
-    memory.flush()  # what the middleware does when the spider closes
-    assert client.hget(key, "ok") == b"10"
-    # Another worker's pages flip the host to the browser; this worker's plain pages, once
-    # sent, flip it back (an HTTP fetch that was enough), as a single observation would.
-    other = HostMemory(client, "generic", 3600, min_pages=2, share=0.2)
-    other.observe(host, True)
-    assert other.observe(host, True) == "browser"
-    memory.observe(host, False)  # this worker still holds "http"
-    memory.flush()
-    assert client.hget(key, "mode") == b"http"
+    key = f"webfarm:{{generic}}:render:{host}"
+
+    def ok() -> bytes | None:
+        return client.hget(key, "ok")
+
+    async def scenario() -> None:
+        make = redis.asyncio.Redis.from_url if client_kind == "asyncio" else redis.Redis.from_url
+        memory = HostMemory(make(redis_url), "generic", 3600, min_pages=2, share=0.2,
+                            batch_size=5, batch_seconds=60)
+        assert await memory.observe(host, False) == "http"  # unknown host: asked at once
+        assert ok() == b"1"
+        assert await observe_all(memory, host, [False] * 3) == ["http"] * 3
+        assert ok() == b"1"  # counted, not sent yet
+        assert await memory.observe(host, True) == "http"  # sent with the 3 before it
+        assert (ok(), client.hget(key, "js")) == (b"4", b"1")
+        await observe_all(memory, host, [False] * 5)  # the fifth fills the batch
+        await until(lambda: ok() == b"9")  # sent without a flush
+        await memory.observe(host, False)
+        await memory.flush()  # what the middleware does when the spider closes
+        assert ok() == b"10"
+        # Another worker's pages flip the host to the browser; this worker's plain pages,
+        # once sent, flip it back (an HTTP fetch that was enough), as one observation would.
+        other = HostMemory(make(redis_url), "generic", 3600, min_pages=2, share=0.2)
+        assert await observe_all(other, host, [True, True]) == ["http", "browser"]
+        await memory.observe(host, False)  # this worker still holds "http"
+        await memory.flush()
+        assert client.hget(key, "mode") == b"http"
+        await close_client(memory.server)
+        await close_client(other.server)
+
+    asyncio.run(scenario())
+
+
+def test_requests_asking_a_hosts_mode_together_share_one_read(redis_url):
+    """Sixteen requests to a host this worker has no fresh mode for ask together: one HGET
+    goes to Redis, and all get its answer (another worker's "browser")."""
+    client = redis.Redis.from_url(redis_url)
+    host = f"read-{uuid.uuid4().hex[:8]}.test"
+    client.hset(f"webfarm:{{generic}}:render:{host}", "mode", "browser")
+
+    def hgets() -> int:
+        return int(client.info("commandstats").get("cmdstat_hget", {}).get("calls", 0))
+
+    async def scenario() -> list[str]:
+        memory = HostMemory(redis.asyncio.Redis.from_url(redis_url), "generic", 3600)
+        try:
+            return list(await asyncio.gather(*(memory.mode(host) for _ in range(16))))
+        finally:
+            await close_client(memory.server)
+
+    before = hgets()
+    assert asyncio.run(scenario()) == ["browser"] * 16
+    assert hgets() - before == 1
 
 
 def test_render_check_selector_escalates_pages_missing_it(web, stores):

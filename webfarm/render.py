@@ -4,7 +4,7 @@ The pure half of :mod:`middlewares.render`. A browser fetch costs tens of times
 the time and memory of a plain HTTP fetch, so in ``auto`` mode every page is
 fetched over HTTP first and only escalated when :func:`needs_js` says the
 plain response is not the page a user sees. What a host needed is kept in
-Redis (:class:`HostMemory`), shared by every worker and expiring, so a host
+Redis (:class:`webfarm.rendermemory.HostMemory`), shared by every worker and expiring, so a host
 that renders everything in JavaScript is sent straight to the browser after
 its first pages, while a host where only a few pages need it stays on HTTP.
 
@@ -17,16 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-import redis
 from lxml import etree
 from scrapy.http import Response, TextResponse
-
-from webfarm.redisconn import REDIS_ERRORS
 
 logger = logging.getLogger(__name__)
 
@@ -188,144 +184,3 @@ def rendering_helped(rendered: Response, check: RenderCheck, http_text: int) -> 
         return needs_js(rendered, check, rendered=True) is None
     assert isinstance(rendered, TextResponse)
     return visible_text_length(rendered) > http_text
-
-
-# The host's counts and mode, updated in one step so workers do not race.
-# KEYS[1] the host's hash; ARGV: "js"|"ok", ttl ms, min pages, share, how many (of that kind).
-_OBSERVE = """
-local js = tonumber(redis.call('HGET', KEYS[1], 'js') or '0')
-local ok = tonumber(redis.call('HGET', KEYS[1], 'ok') or '0')
-local mode = redis.call('HGET', KEYS[1], 'mode') or 'http'
-local n = tonumber(ARGV[5] or '1')
-if ARGV[1] == 'js' then js = js + n else ok = ok + n end
-if mode ~= 'http' and ARGV[1] == 'ok' then
-  mode = 'http'; js = 0; ok = n
-elseif mode == 'http' and js >= tonumber(ARGV[3]) and js >= tonumber(ARGV[4]) * (js + ok) then
-  mode = 'browser'
-end
-while js + ok > 50 do js = math.floor(js / 2); ok = math.floor(ok / 2) end
-redis.call('HSET', KEYS[1], 'js', js, 'ok', ok, 'mode', mode)
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return mode
-"""
-
-
-class HostMemory:
-    """What each host needed, in Redis under ``webfarm:{SPIDER}:render:<host>``.
-
-    Every plain-HTTP fetch judged in ``auto`` mode is an observation: it needed
-    JavaScript or it did not. A host is sent to the browser once at least
-    ``min_pages`` of its pages needed it and they are at least ``share`` of
-    those seen (a shop where one page in five is a JS widget stays on HTTP);
-    a host where the browser failed and the fetch API delivered is sent to the
-    API. One HTTP probe that turns out fine flips either back. The key expires
-    ``seconds`` after the last observation. Workers keep what they read for
-    ``cache_seconds`` to spare Redis a round trip per request.
-
-    An observation that cannot change the mode (a page that did not need
-    JavaScript, on a host this worker holds as ``http``) is only counted here and
-    sent with others in one round trip: ``batch_size`` of them or after
-    ``batch_seconds``, and at :meth:`flush`. That spares the reactor a blocking
-    Redis call per page; the share rule sees those counts that much later.
-    """
-
-    def __init__(self, server: redis.Redis, spider: str, seconds: float, min_pages: int = 2,
-                 share: float = 0.9, cache_seconds: float = 2.0, batch_size: int = 64,
-                 batch_seconds: float = 0.5) -> None:
-        self.server = server
-        self.prefix = f"webfarm:{{{spider}}}:render:"
-        self.ttl_ms = max(1, int(seconds * 1000))
-        self.min_pages = max(1, min_pages)
-        self.share = share
-        self.cache_seconds = cache_seconds
-        self.batch_size = max(1, batch_size)
-        self.batch_seconds = batch_seconds
-        self._cache: dict[str, tuple[float, str]] = {}
-        self._pending: dict[str, int] = {}  # host -> "ok" observations not sent yet
-        self._pending_count = 0
-        self._pending_since = 0.0
-        self._script = server.register_script(_OBSERVE)
-        self._down_logged = False
-
-    def key(self, host: str) -> str:
-        return self.prefix + host
-
-    def mode(self, host: str) -> str:
-        """The rung ``host`` is remembered to need: ``http``, ``browser`` or ``api``."""
-        now = time.monotonic()
-        cached = self._cache.get(host)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        try:
-            raw = self.server.hget(self.key(host), "mode")
-        except REDIS_ERRORS as exc:
-            self._redis_down(exc)
-            return cached[1] if cached else "http"
-        mode = raw.decode() if isinstance(raw, bytes) else (raw or "http")
-        self._cache[host] = (now + self.cache_seconds, mode)
-        if len(self._cache) > 10_000:
-            self._cache.clear()
-        return mode
-
-    def observe(self, host: str, needed_js: bool) -> str:
-        """Record one plain-HTTP observation of ``host``; returns its mode afterwards."""
-        now = time.monotonic()
-        cached = self._cache.get(host)
-        if not needed_js and cached is not None and cached[0] > now and cached[1] == "http":
-            if not self._pending_count:
-                self._pending_since = now
-            self._pending[host] = self._pending.get(host, 0) + 1
-            self._pending_count += 1
-            if (self._pending_count >= self.batch_size
-                    or now - self._pending_since >= self.batch_seconds):
-                self.flush()
-            return "http"
-        self.flush()  # what came before this one counts first
-        try:
-            raw = self._script(keys=[self.key(host)], args=[
-                "js" if needed_js else "ok", self.ttl_ms, self.min_pages, self.share, 1])
-        except REDIS_ERRORS as exc:
-            self._redis_down(exc)
-            return self._cache.get(host, (0.0, "http"))[1]
-        return self._remember_mode(host, raw)
-
-    def flush(self) -> None:
-        """Send the counted observations, all hosts in one round trip."""
-        if not self._pending:
-            return
-        pending, self._pending, self._pending_count = self._pending, {}, 0
-        try:
-            pipe = self.server.pipeline(transaction=False)
-            for host, count in pending.items():
-                self._script(keys=[self.key(host)], client=pipe, args=[
-                    "ok", self.ttl_ms, self.min_pages, self.share, count])
-            modes = pipe.execute()
-        except REDIS_ERRORS as exc:  # like a single observation: not counted, not retried
-            self._redis_down(exc)
-            return
-        for host, raw in zip(pending, modes, strict=True):
-            self._remember_mode(host, raw)
-
-    def _remember_mode(self, host: str, raw: Any) -> str:
-        mode = raw.decode() if isinstance(raw, bytes) else str(raw)
-        self._cache[host] = (time.monotonic() + self.cache_seconds, mode)
-        self._down_logged = False
-        return mode
-
-    def remember(self, host: str, mode: str) -> None:
-        """Set ``host``'s rung outright: ``api`` after the browser failed and the fetch
-        API delivered, ``browser`` when the browser works for it again."""
-        try:
-            pipe = self.server.pipeline(transaction=True)
-            pipe.hset(self.key(host), "mode", mode)
-            pipe.pexpire(self.key(host), self.ttl_ms)
-            pipe.execute()
-        except REDIS_ERRORS as exc:
-            self._redis_down(exc)
-        self._cache[host] = (time.monotonic() + self.cache_seconds, mode)
-
-    def _redis_down(self, exc: Exception) -> None:
-        if not self._down_logged:
-            self._down_logged = True
-            logger.error("Render memory: Redis unreachable (%s); deciding from what this "
-                         "worker knows until it is back", exc)
