@@ -120,8 +120,6 @@ class FrontierLink:
             self.push[:0] = push
             self.acks[:0] = acks
             self.delays = {**delays, **self.delays}  # a newer one wins
-            if not isinstance(exc, (*REDIS_ERRORS, redis.RedisError)):
-                logger.error("Frontier exchange failed", exc_info=exc)
             self.error(exc)
             return
         finally:
@@ -167,18 +165,25 @@ class FrontierLink:
         now = time.monotonic()
         self._failures += 1
         self._retry_at = now + min(30.0, 0.5 * 2 ** min(self._failures, 6))
+        redis_down = isinstance(exc, (*REDIS_ERRORS, redis.RedisError))
+        if not redis_down:  # a bug, not an outage: its traceback each time, to report it
+            logger.error("Frontier exchange failed: %s: %s", type(exc).__name__, exc,
+                         exc_info=exc)
         if self.down_since is None:
             self.down_since = now
             logger.error(
-                "Redis unreachable (%s); holding %d links, %d acks, %d other operations and "
-                "%d in-flight leases, retrying with backoff", exc, len(self.push),
-                len(self.acks), len(self.ops), self.leases_held(),
+                "%s; holding %d links, %d acks, %d other operations and %d in-flight leases, "
+                "retrying with backoff",
+                f"Redis unreachable ({exc})" if redis_down else "Frontier exchanges fail",
+                len(self.push), len(self.acks), len(self.ops), self.leases_held(),
             )
-            self._inc("webfarm/frontier/redis_outages")
+            if redis_down:
+                self._inc("webfarm/frontier/redis_outages")
 
     def ok(self) -> None:
         if self.down_since is not None:
-            logger.info("Redis reachable again after %.1fs", time.monotonic() - self.down_since)
+            logger.info("Frontier exchanges work again (Redis reachable again) after %.1fs",
+                        time.monotonic() - self.down_since)
             self.down_since = None
         self._failures = 0
 
