@@ -67,6 +67,12 @@ class RemoteStoreError(RuntimeError):
     """An exception from the helper that could not be sent back as itself (type: message)."""
 
 
+def _write_out(stdin: asyncio.StreamWriter, out: list[bytes]) -> None:
+    data = b"".join(out)
+    out.clear()
+    stdin.write(data)
+
+
 def _frame(obj: Any) -> bytes:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     return _LEN.pack(len(data)) + data
@@ -89,6 +95,7 @@ class StorageProcess:
         self._stores: dict[int, Any] = {}  # kept alive so that their ids stay theirs
         self._sent: set[int] = set()  # stores this helper holds already
         self._closed = False
+        self._out: list[bytes] = []  # frames for the running helper, written at the turn's end
 
     @property
     def in_flight(self) -> int:
@@ -125,8 +132,12 @@ class StorageProcess:
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         pending[call_id] = future
         assert proc.stdin is not None
-        # Written at once, in order: a store's first call carries it ahead of the rest.
-        proc.stdin.write(_frame((call_id, key, payload)))
+        # In order (a store's first call carries it ahead of the rest), and the calls of one
+        # turn of the event loop in one write: one wake-up of the helper for all of them.
+        out = self._out
+        out.append(_frame((call_id, key, payload)))
+        if len(out) == 1:
+            asyncio.get_running_loop().call_soon(_write_out, proc.stdin, out)
         if ship:
             assert key is not None
             self._stores[key] = store
@@ -184,6 +195,7 @@ class StorageProcess:
                               "writes to stdout")
         _widen(proc.stdin)
         self._proc = proc
+        self._out = []
         self._sent = set()
         self._pending = {}
         self._reader = asyncio.ensure_future(self._read(proc, self._pending))
@@ -243,6 +255,8 @@ class StorageProcess:
         if proc is None:
             return
         if proc.stdin is not None:
+            if self._out:  # calls made in this turn of the loop go before the end of input
+                _write_out(proc.stdin, self._out)
             proc.stdin.close()
         try:
             await asyncio.wait_for(proc.wait(), timeout)
