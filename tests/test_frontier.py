@@ -12,7 +12,9 @@ import pytest
 import redis
 import redis.asyncio
 
+from tests.slowrelay import SlowRelay
 from webfarm.frontier import MAX_PUSH, AsyncFrontier, Entry, Frontier, backoff
+from webfarm.frontierlink import FrontierLink
 
 
 def fp(text: str) -> bytes:
@@ -430,6 +432,52 @@ def test_delays_sent_with_an_exchange_gate_its_pops(redis_url: str, client: redi
     assert second.enqueued == [True] and [url(p) for p in second.popped] == ["http://fast.test/1"]
     assert f.get_delay("slow.test") == 60.0 and f.get_delay("other.test") == 2.5
     assert f.counts()["queued"] == 2
+
+
+def test_retries_and_dead_letters_ride_an_exchange_without_blocking(valkey_server) -> None:
+    """Under a running loop (the reactor's), a retry, a dead letter and a Retry-After
+    deferral wait for no round trip: they travel in an exchange's round trip, after the
+    links held before them. Redis answers in 150 ms here (a relay); the retried
+    parent, the dead letter and the deferral land all the same."""
+    direct = Frontier(redis.Redis(host=valkey_server.host, port=valkey_server.port),
+                      "opsrelay", default_delay=0)
+    direct.reset()
+    direct.push([entry("a.test", "parent"), entry("b.test", "gone")])
+    parent, gone = direct.pop("w"), direct.pop("w")
+    assert parent is not None and gone is not None
+
+    with SlowRelay((valkey_server.host, valkey_server.port), 0.15) as relay:
+        f = Frontier(redis.Redis.from_url(relay.url), "opsrelay", default_delay=0)
+
+        async def run() -> float:
+            link = FrontierLink(f, "w", aio=AsyncFrontier(f, redis.asyncio.Redis.from_url(
+                relay.url)))
+            try:
+                link.push.append(entry("a.test", "child"))
+                started = time.perf_counter()
+                link.op("retry", f._retry_args(parent.lease_id, 0, "HTTP 503"))
+                link.op("dead", f._dead_args(gone.lease_id, "HTTP 404", status=404))
+                link.op("defer", f._defer_args("c.test", 60))
+                took = time.perf_counter() - started
+                deadline = time.monotonic() + 10
+                while link.in_flight is not None or link.ops or link.push:
+                    assert time.monotonic() < deadline, "the calls did not land"
+                    await asyncio.sleep(0.01)
+                assert link.down_since is None
+                return took
+            finally:
+                await link.aclose()
+
+        took = asyncio.run(run())
+    assert took < 0.1  # one reply alone takes 150 ms
+    counts = direct.counts()
+    assert (counts["leased"], counts["dead"]) == (0, 1)
+    assert [letter["status"] for letter in direct.dead_letters()] == [404]
+    assert sorted(url(p) for p in [direct.pop("w"), direct.pop("w")]) == [
+        "http://a.test/child", "http://a.test/parent"]  # the retry was due at once
+    direct.push([entry("c.test", "later")])
+    assert direct.pop("w") is None  # c.test waits out its Retry-After
+    direct.reset()
 
 
 def test_bad_input_is_refused(client: redis.Redis) -> None:

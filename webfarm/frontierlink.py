@@ -3,8 +3,9 @@
 Links to push, leases to acknowledge and delay changes wait here and travel in
 one exchange; retries, dead letters and deferrals queue behind it, so a retried
 parent never lands before its children. Under a running asyncio loop (the
-reactor's) an exchange does not block: one is in flight at a time, so order
-holds, and its result goes to ``on_exchange``. When Redis is unreachable
+reactor's) an exchange does not block, and those calls travel in its round trip
+too: one exchange is in flight at a time, so order holds, and its result goes to
+``on_exchange``. When Redis is unreachable
 everything stays held: one line is logged, and calls back off and try again.
 """
 
@@ -51,7 +52,8 @@ class FrontierLink:
         self.push: list[Entry] = []
         self.acks: list[str] = []
         self.delays: dict[str, float] = {}  # host -> seconds, the latest change of each
-        self.ops: deque[tuple[str, Callable[[], Any]]] = deque()  # retries, dead letters...
+        # Script calls after the exchange: ("retry", Frontier._retry_args(...)), "dead", ...
+        self.ops: deque[tuple[str, list[Any]]] = deque()
         self.in_flight: asyncio.Future[None] | None = None
         self.down_since: float | None = None
         self._retry_at = 0.0
@@ -63,12 +65,15 @@ class FrontierLink:
 
     # -- calls ----------------------------------------------------------------------------
 
-    def op(self, name: str, call: Callable[[], Any]) -> None:
-        """Run a frontier call now, or keep it for when Redis is back."""
-        self.ops.append((name, call))
-        self.run_ops()
+    def op(self, name: str, args: list[Any]) -> None:
+        """Send a frontier script call (``retry``, ``dead``, ``defer``, ``set_delay``)
+        now, without blocking when a loop runs, or keep it for when Redis is back."""
+        self.ops.append((name, args))
+        if not self.waiting() and not self.start(0):
+            self.run_ops()
 
     def run_ops(self) -> None:
+        """The held calls, blocking."""
         if self.in_flight or self.waiting():
             return  # the exchange in flight runs these when it is back
         # Pushes and acks first, so a retried parent never lands before its children
@@ -77,9 +82,9 @@ class FrontierLink:
         if ordered and (self.push or self.acks) and self.exchange(pop=0) is None:
             return
         while self.ops:
-            _, call = self.ops[0]
+            name, args = self.ops[0]
             try:
-                call()
+                self.frontier._call(name, *args)
             except REDIS_ERRORS as exc:
                 self.error(exc)
                 return
@@ -111,15 +116,17 @@ class FrontierLink:
 
     async def _exchange_async(self, pop: int) -> None:
         assert self.aio is not None
-        push, acks, delays = self.push, self.acks, self.delays
+        push, acks, delays, ops = self.push, self.acks, self.delays, list(self.ops)
         self.push, self.acks, self.delays = [], [], {}
+        self.ops.clear()
         try:
             result = await self.aio.exchange(self.worker, push=push, ack=acks, pop=pop,
-                                             delays=delays)
+                                             delays=delays, ops=ops)
         except Exception as exc:  # kept, in order, for the next exchange
             self.push[:0] = push
             self.acks[:0] = acks
             self.delays = {**delays, **self.delays}  # a newer one wins
+            self.ops.extendleft(reversed(ops))
             self.error(exc)
             return
         finally:
@@ -127,8 +134,8 @@ class FrontierLink:
         self.ok()
         self._counted(push, result)
         self.on_exchange(result, pop, True)
-        if self.ops:
-            self.run_ops()
+        if self.ops:  # came while this one was on its way
+            self.start(0)
 
     def flush(self, force: bool = False) -> None:
         """Send what is held now, blocking (``force``: even within the backoff)."""
@@ -137,7 +144,7 @@ class FrontierLink:
         if force:
             self._retry_at = 0.0
         for host, seconds in self.delays.items():
-            self.ops.append(("delay", lambda h=host, s=seconds: self.frontier.set_delay(h, s)))
+            self.ops.append(("set_delay", self.frontier._delay_args(host, seconds)))
         self.delays = {}
         if self.push or self.acks:
             self.exchange(pop=0)
@@ -146,7 +153,7 @@ class FrontierLink:
 
     def tick(self) -> None:
         """Send what is held, without blocking when a loop runs (a timer's call)."""
-        if (self.push or self.acks or self.delays) and self.start(0):
+        if (self.push or self.acks or self.delays or self.ops) and self.start(0):
             return
         self.flush()
 

@@ -236,7 +236,7 @@ class Scheduler(BaseScheduler):
                 logger.error("%s (lease %s); moved to the dead-letter queue", reason,
                              popped.lease_id)
                 self._inc("webfarm/frontier/malformed")
-                self.link.op("dead", lambda p=popped, r=reason: self.frontier.dead(p.lease_id, r))
+                self.link.op("dead", self.frontier._dead_args(popped.lease_id, reason))
                 continue
             request.meta[LEASE] = popped.lease_id
             request.meta[ATTEMPTS] = popped.attempts
@@ -332,14 +332,13 @@ class Scheduler(BaseScheduler):
                                                        self.backoff_max)
         logger.debug("Retrying %s in %.1fs (attempt %d): %s", request, wait, attempts, reason)
         self._inc("webfarm/frontier/retried")
-        self.link.op("retry", lambda: self.frontier.retry(lease, wait, reason))
+        self.link.op("retry", self.frontier._retry_args(lease, wait, reason))
 
     def _dead(self, lease: str, request: Request, reason: str, status: int | None,
               error: str | None) -> None:
         logger.warning("Dead-lettered %s: %s", request, reason)
         self._inc("webfarm/frontier/dead")
-        self.link.op("dead", lambda: self.frontier.dead(lease, reason, status=status,
-                                                        error=error))
+        self.link.op("dead", self.frontier._dead_args(lease, reason, status=status, error=error))
 
     # -- politeness -------------------------------------------------------------------------
 
@@ -357,11 +356,11 @@ class Scheduler(BaseScheduler):
             if self.link.aio is not None:
                 self.link.delays[host] = after
             else:
-                self.link.op("delay", lambda: self.frontier.set_delay(host, after))
+                self.link.op("set_delay", self.frontier._delay_args(host, after))
 
     def host_defer(self, host: str, seconds: float, source: str = "", **kwargs: Any) -> None:
         self._inc("webfarm/frontier/deferred")
-        self.link.op("defer", lambda: self.frontier.defer_host(host, seconds))
+        self.link.op("defer", self.frontier._defer_args(host, seconds))
 
     # -- talking to Redis (webfarm.frontierlink) ------------------------------------------
 

@@ -9,6 +9,7 @@ loop runs on meanwhile. Same script, same arguments, same answers as
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import redis.asyncio
 
@@ -33,21 +34,26 @@ class AsyncFrontier:
         ack: Sequence[str] = (),
         pop: int = 1,
         delays: Mapping[str, float] | None = None,
+        ops: Sequence[tuple[str, Sequence[Any]]] = (),
     ) -> Exchange:
-        """:meth:`Frontier.exchange`; ``delays`` (host -> seconds, as
-        :meth:`Frontier.set_delay`) are set first, in the same round trip: the latency
-        rule changes a host's delay after most responses."""
+        """:meth:`Frontier.exchange`, in one round trip with: ``delays`` (host ->
+        seconds, as :meth:`Frontier.set_delay`), set first, since the latency rule changes
+        a host's delay after most responses; and ``ops``, the script's other calls
+        (``("retry", Frontier._retry_args(...))``, ``dead``, ``defer``), run last, so a
+        retried parent never lands before the children pushed with it."""
         f = self.frontier
         steps = f._steps(worker, push, ack, pop)
         calls = [["set_delay", *f._delay_args(host, seconds)]
                  for host, seconds in (delays or {}).items()]
+        first = len(calls)
         calls += [["step", *args] for args, _ in steps]
+        calls += [[name, *args] for name, args in ops]
         if len(calls) == 1:
             replies = [await self._script(keys=f._keys, args=[f.prefix, *calls[0]])]
         else:
             replies = await run_script(self.client, self._script,
                                        [(f._keys, [f.prefix, *args]) for args in calls])
-        replies = replies[len(calls) - len(steps):]
+        replies = replies[first:first + len(steps)]
         return f._joined([f._step_reply(reply, n)
                           for reply, (_, n) in zip(replies, steps, strict=True)])
 

@@ -259,9 +259,14 @@ class Frontier:
         False when the lease is no longer held (expired and handed out again): then the
         entry is already back in the frontier and nothing is done.
         """
+        return bool(self._call("retry", *self._retry_args(lease_id, delay, reason, payload)))
+
+    @staticmethod
+    def _retry_args(lease_id: str, delay: float, reason: str, payload: str | None = None
+                    ) -> list[Any]:
         has = payload is not None
-        args = [lease_id, max(0, round(delay * 1000)), reason, b"1" if has else b"0", payload or ""]
-        return bool(self._call("retry", *args))
+        return [lease_id, max(0, round(delay * 1000)), reason, b"1" if has else b"0",
+                payload or ""]
 
     def dead(
         self,
@@ -278,15 +283,14 @@ class Frontier:
         worker and payload. ``lease_id=None`` records a ``payload`` that was never leased.
         False when the lease is no longer held (nothing recorded).
         """
-        args = [
-            lease_id or "",
-            reason,
-            b"1" if payload is not None else b"0",
-            payload or "",
-            "" if status is None else int(status),
-            error or "",
-        ]
-        return bool(self._call("dead", *args))
+        return bool(self._call("dead", *self._dead_args(lease_id, reason, payload=payload,
+                                                        status=status, error=error)))
+
+    @staticmethod
+    def _dead_args(lease_id: str | None, reason: str, *, payload: str | None = None,
+                   status: int | None = None, error: str | None = None) -> list[Any]:
+        return [lease_id or "", reason, b"1" if payload is not None else b"0", payload or "",
+                "" if status is None else int(status), error or ""]
 
     def dead_letters(self, limit: int = 100) -> list[dict]:
         """The oldest ``limit`` dead letters, as dicts (``reason``, ``status``, ``error``,
@@ -342,8 +346,12 @@ class Frontier:
 
     def defer_host(self, host: str, until_seconds_from_now: float) -> None:
         """Retry-After: the host's next-allowed time becomes max(current, now + x)."""
+        self._call("defer", *self._defer_args(host, until_seconds_from_now))
+
+    @staticmethod
+    def _defer_args(host: str, until_seconds_from_now: float) -> list[Any]:
         _check_host(host)
-        self._call("defer", host, max(0, round(until_seconds_from_now * 1000)))
+        return [host, max(0, round(until_seconds_from_now * 1000))]
 
     # -- reading --------------------------------------------------------------------------
 
