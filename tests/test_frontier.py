@@ -480,6 +480,32 @@ def test_retries_and_dead_letters_ride_an_exchange_without_blocking(valkey_serve
     direct.reset()
 
 
+def test_a_failing_call_in_an_exchange_does_not_stall_the_crawl(redis_url: str,
+                                                                  client: redis.Redis) -> None:
+    """A call the script refuses (here an unknown one; a bug in real life) fails the whole
+    round trip. It is dropped with one logged line, since its lease would only expire and
+    come back, while the links travelling with it are kept and land next time."""
+    f = Frontier(client, "poison", default_delay=0)
+
+    async def run() -> tuple:
+        link = FrontierLink(f, "w", aio=AsyncFrontier(f, redis.asyncio.Redis.from_url(
+            redis_url)))
+        try:
+            link.push.append(entry("a.test", "kept"))
+            link.op("no_such_call", [])
+            await link.settle()
+            held = (len(link.push), len(link.ops), link.down_since is not None)
+            link.start(0)
+            await link.settle()
+            return held, link.down_since
+        finally:
+            await link.aclose()
+
+    held, down_since = asyncio.run(run())
+    assert held == (1, 0, True)  # the link kept, the call dropped
+    assert down_since is None and f.counts()["queued"] == 1
+
+
 def test_bad_input_is_refused(client: redis.Redis) -> None:
     with pytest.raises(ValueError):
         Frontier(client, "bad{name}")

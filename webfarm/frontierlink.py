@@ -125,8 +125,15 @@ class FrontierLink:
         except Exception as exc:  # kept, in order, for the next exchange
             self.push[:0] = push
             self.acks[:0] = acks
-            self.delays = {**delays, **self.delays}  # a newer one wins
-            self.ops.extendleft(reversed(ops))
+            if isinstance(exc, REDIS_ERRORS):
+                self.delays = {**delays, **self.delays}  # a newer one wins
+                self.ops.extendleft(reversed(ops))
+            elif delays or ops:
+                # Not an outage: one of these may be what fails, and the crawl must not
+                # stall on it. Their leases expire and come back; delays are set again.
+                logger.error("Dropped %d delay changes and %d retries, dead letters or "
+                             "deferrals of a failed exchange; their leases expire and return "
+                             "to the frontier", len(delays), len(ops))
             self.error(exc)
             return
         finally:
@@ -172,10 +179,10 @@ class FrontierLink:
         now = time.monotonic()
         self._failures += 1
         self._retry_at = now + min(30.0, 0.5 * 2 ** min(self._failures, 6))
-        redis_down = isinstance(exc, (*REDIS_ERRORS, redis.RedisError))
-        if not redis_down:  # a bug, not an outage: its traceback each time, to report it
+        redis_down = isinstance(exc, REDIS_ERRORS)
+        if not redis_down:  # Redis refused (out of memory, read-only...) or a bug: each time
             logger.error("Frontier exchange failed: %s: %s", type(exc).__name__, exc,
-                         exc_info=exc)
+                         exc_info=None if isinstance(exc, redis.RedisError) else exc)
         if self.down_since is None:
             self.down_since = now
             logger.error(
