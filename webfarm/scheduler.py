@@ -21,8 +21,9 @@ What it adds to a plain scheduler, and why:
 * **The reactor never waits for Redis on the hot path.** Under the asyncio reactor
   exchanges run on an asyncio client (:class:`~webfarm.frontier.AsyncFrontier`): the
   engine gets ``None`` at once and is woken when the leases arrive; delay changes
-  ride along, the latest per host. One exchange at a time; other frontier calls wait
-  for it, so acks still never overtake the links pushed before them.
+  ride along, the latest per host, and so do retries, dead letters and deferrals,
+  after the links. One exchange at a time, so acks still never overtake the links
+  pushed before them.
 * **Redis trouble is survivable.** When Redis is unreachable the worker logs
   one line, keeps what it holds, backs off and reconnects.
 
