@@ -186,6 +186,30 @@ def test_requests_asking_a_hosts_mode_together_share_one_read(redis_url):
     assert hgets() - before == 1
 
 
+def test_render_memory_without_redis_decides_from_what_it_knows(caplog):
+    """No Redis behind the memory: hosts are fetched over HTTP (or as last known), nothing
+    raises, and the outage is one logged line."""
+    from tests import servers
+    from webfarm.redisconn import CLIENT_OPTIONS
+
+    async def scenario() -> list[str]:
+        client = redis.asyncio.Redis.from_url(f"redis://127.0.0.1:{servers.free_port()}",
+                                              **CLIENT_OPTIONS)
+        memory = HostMemory(client, "generic", 3600, batch_size=2)
+        try:
+            got = [await memory.mode("a.test"), await memory.observe("a.test", True)]
+            await memory.remember("b.test", "api")  # kept here, at least
+            got.append(await memory.mode("b.test"))
+            await memory.flush()
+            return got
+        finally:
+            await close_client(client)
+
+    assert asyncio.run(scenario()) == ["http", "http", "api"]
+    lines = [r for r in caplog.records if "Render memory: Redis unreachable" in r.getMessage()]
+    assert len(lines) == 1
+
+
 def test_render_check_selector_escalates_pages_missing_it(web, stores):
     host = web.base_urls[1].split("//")[1]
     site = JsSite(pages=4, is_js=lambda n: n % 2 == 1, style="widget").install(web, host)

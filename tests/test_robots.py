@@ -115,6 +115,36 @@ def test_outage_keeps_the_last_good_copy_then_may_allow():
     assert verdict(gone, 1.0, 2 * day, 0) == "allow"
 
 
+def test_redis_down_means_fetch_it_yourself_never_allowed(caplog):
+    """The shared cache with no Redis behind it (the crawl's asyncio client): no copy, the
+    lock granted (this worker fetches robots.txt itself, then obeys it), nothing raised,
+    and one logged line for the whole outage."""
+    import asyncio
+
+    import redis.asyncio
+
+    from webfarm.redisconn import CLIENT_OPTIONS, close_client
+    from webfarm.robotscache import SharedRobotsCache
+
+    async def run() -> tuple:
+        client = redis.asyncio.Redis.from_url(f"redis://127.0.0.1:{servers.free_port()}",
+                                              **CLIENT_OPTIONS)
+        cache = SharedRobotsCache(client, "spider", lock_seconds=60, keep_seconds=60)
+        try:
+            record = next_record(Fetched("parse", 200, b"User-agent: *\nDisallow: /\n"),
+                                 None, time.time(), 3600, 300)
+            got = (await cache.read("http://a.test"), await cache.lock("http://a.test", "t"))
+            await cache.write("http://a.test", record)
+            await cache.unlock("http://a.test", "t")
+            return got
+        finally:
+            await close_client(cache.server)
+
+    assert asyncio.run(run()) == (None, True)
+    lines = [r for r in caplog.records if "shared robots.txt cache" in r.getMessage()]
+    assert len(lines) == 1 and "fetches robots.txt itself" in lines[0].getMessage()
+
+
 # -- crawls ----------------------------------------------------------------------------------
 
 def env(stores, **extra):
