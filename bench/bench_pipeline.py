@@ -31,11 +31,17 @@ politeness is per host; monitoring (WEBFARM_METRICS) off in every setup, the
 rest of the fetch layer on in every setup. scrapy-redis fetches more pages: its dupefilter does not
 drop tracking parameters (pages/s is per page fetched and processed). Then it
 re-parses the stored pages with ``scrapy reparse`` and prints its pages/second.
+
+CPU per page is printed for the crawling process, its helper processes (storage and
+hashing), Valkey + SecantusDB, and the whole machine (those and the test web): on a
+machine whose cores are all busy, pages/s follows the machine's CPU per page, not the
+crawling process's alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -104,18 +110,22 @@ def child(setup: str, start: str) -> None:
     settings.setdict(overrides(setup), priority="cmdline")
     process = CrawlerProcess(settings)
     crawler = process.create_crawler(SPIDER)
-    marks = {"first": None, "last": None, "pages": 0, "items": 0, "cpu0": 0.0, "cpu1": 0.0}
+    marks = {"first": None, "last": None, "pages": 0, "items": 0, "cpu0": 0.0, "cpu1": 0.0,
+             "helpers0": 0.0, "helpers1": 0.0, "sampled": 0.0}
 
     def response_received(**kw: object) -> None:
         marks["last_response"] = time.perf_counter()
         if marks["first"] is None:
             marks["first"] = time.perf_counter()
             marks["cpu0"] = time.process_time()
+            marks["helpers0"] = helpers_cpu()
 
     def item_scraped(item: object, **kw: object) -> None:
         marks["last"] = time.perf_counter()
         marks["cpu1"] = time.process_time()
         marks["pages" if isinstance(item, PageItem) else "items"] += 1
+        if marks["last"] - marks["sampled"] >= 0.05:  # /proc reads, at most 20 a second
+            marks["sampled"], marks["helpers1"] = marks["last"], helpers_cpu()
 
     crawler.signals.connect(response_received, signal=signals.response_received)
     crawler.signals.connect(item_scraped, signal=signals.item_scraped)
@@ -128,6 +138,8 @@ def child(setup: str, start: str) -> None:
                       "last_response": marks.get("last_response", 0),
                       "tail": (marks["last"] or 0) - marks.get("last_response", 0),
                       "cpu_ms": 1000 * cpu / max(1, marks["pages"]),
+                      "helpers_ms": 1000 * (marks["helpers1"] - marks["helpers0"])
+                      / max(1, marks["pages"]),
                       "errors": crawler.stats.get_value("log_count/ERROR", 0),
                       "item_errors": crawler.stats.get_value("webfarm/items/gave_up", 0)}))
 
@@ -136,6 +148,17 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU of a server process so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def helpers_cpu() -> float:
+    """CPU so far of this process's children: webfarm's storage and hashing helpers."""
+    total = 0.0
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            for pid in (task / "children").read_text().split():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    total += cpu_seconds(int(pid))
+    return total
 
 
 def run_child(setup: str, start: str, env: dict[str, str]) -> dict[str, float]:
@@ -165,7 +188,8 @@ def run_child(setup: str, start: str, env: dict[str, str]) -> dict[str, float]:
     return {"pages": pages, "items": sum(r["items"] for r in results),
             "seconds": max(r["last"] for r in results) - min(r["first"] for r in results),
             "tail": max(r["last"] for r in results) - max(r["last_response"] for r in results),
-            "cpu_ms": sum(r["cpu_ms"] * r["pages"] for r in results) / max(1, pages)}
+            "cpu_ms": sum(r["cpu_ms"] * r["pages"] for r in results) / max(1, pages),
+            "helpers_ms": sum(r["helpers_ms"] * r["pages"] for r in results) / max(1, pages)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,9 +253,11 @@ def main(argv: list[str] | None = None) -> int:
                 redis.Redis.from_url(valkey.url).flushall()
                 pymongo.MongoClient(mongo.url).drop_database(db)
                 before = {n: cpu_seconds(p.proc.pid) for n, p in servers_.items()}
+                web_before = cpu_seconds(web.pid)
                 r = run_child(setup, start, run_env)
                 r["server_ms"] = 1000 * sum(cpu_seconds(p.proc.pid) - before[n]
                                             for n, p in servers_.items()) / max(1, r["pages"])
+                r["web_ms"] = 1000 * (cpu_seconds(web.pid) - web_before) / max(1, r["pages"])
                 results[setup].append(r)
                 print(f"  run {run + 1} {setup:12s} {r['pages']:5d} pages "
                       f"{r['pages'] / r['seconds']:7.1f} pages/s", flush=True)
@@ -276,7 +302,10 @@ def report(results: dict[str, list[dict[str, float]]], reparse: list[float]) -> 
              for s, rs in results.items()}
     pages = {s: statistics.median(r["pages"] for r in rs) for s, rs in results.items()}
     cpu = {s: statistics.median(r["cpu_ms"] for r in rs) for s, rs in results.items()}
+    helpers = {s: statistics.median(r["helpers_ms"] for r in rs) for s, rs in results.items()}
     server = {s: statistics.median(r["server_ms"] for r in rs) for s, rs in results.items()}
+    machine = {s: statistics.median(r["cpu_ms"] + r["helpers_ms"] + r["server_ms"] + r["web_ms"]
+                                    for r in rs) for s, rs in results.items()}
     tail = {s: statistics.median(r["tail"] for r in rs) for s, rs in results.items()}
     bare = rates["bare Scrapy"]
     # Each run measures every setup back to back, so a setup's ratio to bare Scrapy within
@@ -285,17 +314,21 @@ def report(results: dict[str, list[dict[str, float]]], reparse: list[float]) -> 
         (r["pages"] / r["seconds"]) / (b["pages"] / b["seconds"])
         for r, b in zip(rs, results["bare Scrapy"], strict=True)) for s, rs in results.items()}
     print("\nmedian of runs (pages/s from first response to last item stored; CPU per page: "
-          "the crawling process's, and Valkey's + SecantusDB's for the whole crawl)")
+          "the crawling process's and its helpers' over that time, Valkey's + SecantusDB's "
+          "for the whole crawl, and the machine's: those and the test web's)")
     print(f"{'setup':14s} {'pages':>6s} {'pages/s':>9s} {'vs bare':>8s} {'paired':>7s} "
-          f"{'worker CPU':>11s} {'server CPU':>11s} {'end wait':>9s}")
+          f"{'worker CPU':>11s} {'helpers':>8s} {'server CPU':>11s} {'machine':>8s} "
+          f"{'end wait':>9s}")
     for setup in SETUPS:
         print(f"{setup:14s} {pages[setup]:6.0f} {rates[setup]:9.1f} {rates[setup] / bare:7.2f}x "
-              f"{paired[setup]:6.2f}x {cpu[setup]:8.1f} ms {server[setup]:8.1f} ms "
-              f"{tail[setup]:7.2f} s")
+              f"{paired[setup]:6.2f}x {cpu[setup]:8.1f} ms {helpers[setup]:5.1f} ms "
+              f"{server[setup]:8.1f} ms {machine[setup]:5.1f} ms {tail[setup]:7.2f} s")
     print(f"{'re-parse':14s} {pages['webfarm']:6.0f} {statistics.median(reparse):9.1f} "
           f"{statistics.median(reparse) / bare:7.2f}x")
     print("(vs bare: ratio of the medians; paired: median of each run's ratio to that run's "
-          "bare Scrapy; end wait: last item stored after the last response)")
+          "bare Scrapy; end wait: last item stored after the last response; machine CPU "
+          f"against {os.cpu_count()} cores: a setup that needs more per page than bare "
+          "Scrapy gets fewer pages/s once the cores are busy)")
     for name in ("webfarm", "storage only", "webfarm x2"):
         verdict = "meets" if rates[name] >= 0.8 * bare else "MISSES"
         print(f"{name} / bare Scrapy = {rates[name] / bare:.2f}, paired {paired[name]:.2f} "
