@@ -25,7 +25,7 @@ from webfarm.batching import (
     batch_options,
 )
 from webfarm.items import PageItem, source_of
-from webfarm.itemstore import ItemEntry, ItemStore, make_entry
+from webfarm.itemstore import ItemEntry, ItemStore, index_fields, make_entry
 from webfarm.threads import StorageCalls, storage_calls
 from webfarm.urls import canonical_url
 
@@ -51,7 +51,8 @@ class ItemStorePipeline:
     def from_crawler(cls, crawler: Crawler) -> ItemStorePipeline:
         settings = crawler.settings
         store = ItemStore.open(config.mongo_uri(settings),
-                               settings.get("MONGO_DATABASE") or "webfarm")
+                               settings.get("MONGO_DATABASE") or "webfarm",
+                               index_fields(settings))
         assert crawler.stats is not None
         return cls(crawler, store, crawler.stats, storage_calls(crawler), page_hasher(crawler),
                    **batch_options(settings))

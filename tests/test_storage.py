@@ -15,15 +15,17 @@ import time
 import pymongo
 import pytest
 import scrapy
+from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
 from pipelines.blobs import BlobStorePipeline
 from pipelines.index import IndexPipeline
 from webfarm.blobstore import FileBlobStore, S3BlobStore, blob_key
+from webfarm.config import ConfigError
 from webfarm.content import fingerprint
 from webfarm.index import APPLIED_KEEP, FixedRefetch, IndexStore, load_refetch_policy
 from webfarm.items import PageItem
-from webfarm.itemstore import ItemError, ItemStore, make_entry
+from webfarm.itemstore import ItemError, ItemStore, index_fields, make_entry
 from webfarm.threads import StorageThreads
 from webfarm.urls import url_fingerprint
 
@@ -322,6 +324,24 @@ def test_items_go_to_one_collection_per_type_keyed_as_declared(items_db):
         make_entry(Offer(shop="a", price="1"), SiteSpider, "http://s/3", None, now)
     with pytest.raises(ItemError, match="cannot be stored"):
         make_entry({"id": 1, "x": {1, 2}}, SiteSpider, "http://s/4", None, now)
+
+
+def test_item_collections_index_their_key_and_the_fields_named_in_settings(items_db):
+    now = dt.datetime.now(dt.timezone.utc)
+    offer = make_entry(Offer(shop="a", sku="1", price="1"), SiteSpider, "http://s/1", "ab", now)
+    ItemStore(items_db).write_items([offer])
+    assert sorted(items_db.offer.index_information()) == ["_id_", "shop_1_sku_1"]
+
+    indexes = index_fields(Settings({"WEBFARM_ITEM_INDEXES": "source_url, content_hash,name"}))
+    assert indexes == ("source_url", "content_hash", "name")
+    thing = make_entry({"_key": "name", "name": "n"}, SiteSpider, "http://s/2", None, now)
+    ItemStore(items_db, indexes=indexes).write_items([thing])
+    # name is the key: its index is the key's, not a second one
+    assert sorted(items_db.things.index_information()) == [
+        "_id_", "content_hash_1", "name_1", "source_url_1"]
+    for bad in (["source url"], ["$where"], [""]):
+        with pytest.raises(ConfigError, match="WEBFARM_ITEM_INDEXES.*not a field name"):
+            index_fields(Settings({"WEBFARM_ITEM_INDEXES": bad}))
 
 
 CRASH = """

@@ -14,7 +14,9 @@ Each document is the item's fields plus ``source_url``, ``content_hash`` (of
 the page it came from), ``extracted_at``, ``extractor_version`` (the spider's
 ``extractor_version``) and ``item_hash`` (of the fields alone), so re-parsing
 tells *created*, *changed* and *unchanged* apart. ``_id`` is the key value (a
-sub-document for composite keys); the key fields are indexed too.
+sub-document for composite keys); the key fields are indexed too, and the fields
+``WEBFARM_ITEM_INDEXES`` names (none by default: every index is more work on every
+write, and on SecantusDB a write's cost grows by about a fifth per index).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from itemadapter import ItemAdapter
 from pymongo import InsertOne, UpdateOne
 from pymongo.database import Database
 
+from webfarm.config import ConfigError
 from webfarm.index import WriteOp, write_unordered
 
 CREATED, CHANGED, UNCHANGED = "created", "changed", "unchanged"
@@ -40,6 +43,7 @@ _RESERVED = ("_collection", "_key", "_id")
 _PLAIN = (str, int, float, bytes, dt.datetime, type(None))
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,100}$")
+_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 class ItemError(ValueError):
@@ -114,22 +118,34 @@ def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None
                      extracted_at, None if version is None else str(version))
 
 
+def index_fields(settings: Any) -> tuple[str, ...]:
+    """``WEBFARM_ITEM_INDEXES``: fields indexed in every item collection besides its key."""
+    names = tuple(str(n).strip() for n in settings.getlist("WEBFARM_ITEM_INDEXES"))
+    for name in names:
+        if not _FIELD.match(name):
+            raise ConfigError(f"WEBFARM_ITEM_INDEXES: {name!r} is not a field name; list "
+                              "fields such as source_url,content_hash (dots for sub-fields)")
+    return names
+
+
 class ItemStore:
     """Bulk upserts of structured items; one result (created/changed/unchanged) per entry."""
 
-    def __init__(self, db: Database, uri: str | None = None) -> None:
+    def __init__(self, db: Database, uri: str | None = None,
+                 indexes: tuple[str, ...] = ()) -> None:
         self.db = db
         self.uri = uri  # with it, the store can go to the storage process (see __reduce__)
+        self.indexes = tuple(indexes)
         self._indexed: set[str] = set()
         self._owner: Any = None
 
     @classmethod
-    def open(cls, uri: str, database: str) -> ItemStore:
+    def open(cls, uri: str, database: str, indexes: tuple[str, ...] = ()) -> ItemStore:
         """A store on a client of its own (closed by :meth:`close`)."""
         from webfarm.index import IndexStore
 
         owner = IndexStore(uri, database)
-        store = cls(owner.db, uri=uri)
+        store = cls(owner.db, uri=uri, indexes=indexes)
         store._owner = owner
         return store
 
@@ -137,7 +153,7 @@ class ItemStore:
         # Pickled as what opens it again: the storage process gets a client of its own.
         if self.uri is None:
             raise TypeError("an ItemStore made without uri= cannot go to another process")
-        return (ItemStore.open, (self.uri, self.db.name))
+        return (ItemStore.open, (self.uri, self.db.name, self.indexes))
 
     def close(self) -> None:
         if self._owner is not None:
@@ -148,8 +164,8 @@ class ItemStore:
             return
         coll = self.db[collection]
         coll.create_index([(f, 1) for f in key_fields])
-        for name in ("source_url", "content_hash"):
-            if name not in key_fields:
+        for name in self.indexes:
+            if (name,) != key_fields:  # the key's index already serves it
                 coll.create_index(name)
         self._indexed.add(collection)
 

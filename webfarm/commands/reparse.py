@@ -23,7 +23,7 @@ from webfarm import config
 from webfarm.blobstore import open_blob_store
 from webfarm.commands._common import BAD_CONFIG, CommandError, report, spider_class
 from webfarm.index import IndexStore
-from webfarm.itemstore import ItemStore
+from webfarm.itemstore import ItemStore, index_fields
 from webfarm.reparse import Reparser, ReparseStats
 
 logger = logging.getLogger("webfarm.reparse")
@@ -97,13 +97,14 @@ class Command(ScrapyCommand):
             blob_uri = config.blob_uri(settings)
             endpoint = settings.get("AWS_ENDPOINT_URL") or None
             config.check_blobs(blob_uri, endpoint)
+            indexes = index_fields(settings)
         except config.ConfigError as exc:
             raise CommandError(str(exc), BAD_CONFIG) from None
         index = IndexStore(mongo, settings.get("MONGO_DATABASE") or "webfarm")
         try:
             reparser = Reparser(
                 spider, index, open_blob_store(blob_uri, endpoint_url=endpoint),
-                ItemStore(index.db), batch_size=opts.batch_size,
+                ItemStore(index.db, indexes=indexes), batch_size=opts.batch_size,
                 progress_every=opts.progress_every, progress=self._progress,
             )
             stats = reparser.run(since, opts.url_pattern)
