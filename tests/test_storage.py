@@ -339,6 +339,10 @@ def test_item_collections_index_their_key_and_the_fields_named_in_settings(items
     # name is the key: its index is the key's, not a second one
     assert sorted(items_db.things.index_information()) == [
         "_id_", "content_hash_1", "name_1", "source_url_1"]
+    shop = make_entry(Offer(shop="b", sku="2", price="1"), SiteSpider, "http://s/3", "cd", now)
+    ItemStore(items_db, indexes=("shop", "sku")).write_items([shop])
+    # shop leads the key's compound index, which serves queries on it; sku does not lead
+    assert sorted(items_db.offer.index_information()) == ["_id_", "shop_1_sku_1", "sku_1"]
     for bad in (["source url"], ["$where"], [""]):
         with pytest.raises(ConfigError, match="WEBFARM_ITEM_INDEXES.*not a field name"):
             index_fields(Settings({"WEBFARM_ITEM_INDEXES": bad}))

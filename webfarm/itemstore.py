@@ -165,7 +165,7 @@ class ItemStore:
         coll = self.db[collection]
         coll.create_index([(f, 1) for f in key_fields])
         for name in self.indexes:
-            if (name,) != key_fields:  # the key's index already serves it
+            if name != key_fields[0]:  # the key's index (it leads) already serves it
                 coll.create_index(name)
         self._indexed.add(collection)
 
