@@ -53,7 +53,7 @@ from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 from webfarm.exceptions import RetryLater
 from webfarm.proxies import ProxyPool
 from webfarm.proxyconfig import proxies_from_settings
-from webfarm.redisconn import redis_client
+from webfarm.redisconn import close_client, crawl_redis_client
 from webfarm.urls import host_of
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ class ProxyMiddleware:
             raise NotConfigured  # off by default: no warning for the usual case
         cls._check_order(crawler)
         pool = ProxyPool(
-            proxies, redis_client(settings),
+            proxies, crawl_redis_client(settings),
             base=settings.getfloat("WEBFARM_PROXY_BACKOFF_BASE", 30.0),
             cap=settings.getfloat("WEBFARM_PROXY_BACKOFF_MAX", 3600.0),
             max_failures=settings.getint("WEBFARM_PROXY_MAX_FAILURES", 5),
@@ -157,15 +157,16 @@ class ProxyMiddleware:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def spider_opened(self) -> None:
-        self.pool.refresh(force=True)
+    async def spider_opened(self) -> None:
+        await self.pool.refresh(force=True)
         self._update_health_stats()
         logger.info("Proxy rotation on: %d proxies (%s), %d healthy", len(self.pool.order),
                     ", ".join(self.pool.order), len(self._healthy_seen or []))
 
-    def spider_closed(self) -> None:
-        self.pool.refresh(force=True)
+    async def spider_closed(self) -> None:
+        await self.pool.refresh(force=True)
         self._update_health_stats()
+        await close_client(self.pool.redis)
         for pid in self.pool.order:
             state = self.pool.state[pid]
             if state.retired or state.failures:
@@ -182,13 +183,13 @@ class ProxyMiddleware:
 
     # -- requests ----------------------------------------------------------------------------
 
-    def process_request(self, request: Request) -> None:
+    async def process_request(self, request: Request) -> None:
         meta = request.meta
         if "proxy" in meta and META_ID not in meta:
             return  # the spider chose its own proxy (or None for none): leave it alone
         host = host_of(request.url)
         tried = list(meta.get(META_TRIED) or [])
-        proxy = self.pool.pick(host, exclude=tried)
+        proxy = await self.pool.pick(host, exclude=tried)
         self._update_health_stats()
         if proxy is None:
             self._no_proxy(request, tried)
@@ -235,7 +236,8 @@ class ProxyMiddleware:
 
     # -- outcomes ----------------------------------------------------------------------------
 
-    def process_response(self, request: Request, response: Response) -> Request | Response:
+    async def process_response(self, request: Request, response: Response
+                               ) -> Request | Response:
         pid = request.meta.get(META_ID)
         if pid not in self.pool.proxies:
             return response
@@ -244,14 +246,14 @@ class ProxyMiddleware:
         host = host_of(request.url)
         sent_at = float(request.meta.get(META_SENT) or 0.0)
         if reason is None:
-            self.pool.record_success(pid, host, sent_at)
+            await self.pool.record_success(pid, host, sent_at)
             for key in (META_TRIED, META_RETRIES, META_BANNED):
                 request.meta.pop(key, None)  # a redirect from here starts afresh
             return response
         self.stats.inc_value(f"{PREFIX}/{pid}/bans")
-        blame = response.status == 407 or self._blame_proxy(request, pid, host)
+        blame = response.status == 407 or await self._blame_proxy(request, pid, host)
         if blame:
-            self._penalise(pid, reason, sent_at)
+            await self._penalise(pid, reason, sent_at)
         else:
             self.stats.inc_value(f"{PREFIX}/site_bans")
             if response.status in (429, 503) and b"Retry-After" in response.headers:
@@ -265,8 +267,8 @@ class ProxyMiddleware:
                              status=response.status)
         return response  # the site's consistent answer through several proxies
 
-    def process_exception(self, request: Request, exception: BaseException
-                          ) -> Request | None:
+    async def process_exception(self, request: Request, exception: BaseException
+                                ) -> Request | None:
         pid = request.meta.get(META_ID)
         if pid not in self.pool.proxies:
             return None
@@ -277,13 +279,13 @@ class ProxyMiddleware:
                                                        for m in BROWSER_PROXY_ERRORS):
             blame = True
         elif isinstance(exception, AMBIGUOUS_ERRORS):
-            blame = self._blame_proxy(request, pid, host_of(request.url))
+            blame = await self._blame_proxy(request, pid, host_of(request.url))
         else:
             return None  # not about the connection: not ours to judge
         self.stats.inc_value(f"{PREFIX}/{pid}/failures")
         reason = f"connection failed ({name})"
         if blame:
-            self._penalise(pid, reason, float(request.meta.get(META_SENT) or 0.0))
+            await self._penalise(pid, reason, float(request.meta.get(META_SENT) or 0.0))
         retry = self._retry(request, pid, reason, None)
         if retry is not None:
             return retry
@@ -301,15 +303,15 @@ class ProxyMiddleware:
                     return f"ban marker {i} ({marker.decode('utf-8', 'replace')[:40]})"
         return None
 
-    def _blame_proxy(self, request: Request, pid: str, host: str) -> bool:
+    async def _blame_proxy(self, request: Request, pid: str, host: str) -> bool:
         """The proxy, not the site, is to blame if others fetch this host fine and this
         request was not banned through another proxy already (then it is the page)."""
         if request.meta.get(META_BANNED):
             return False
-        return self.pool.host_ok_elsewhere(host, pid)
+        return await self.pool.host_ok_elsewhere(host, pid)
 
-    def _penalise(self, pid: str, reason: str, sent_at: float) -> None:
-        counted, state = self.pool.record_failure(pid, reason, sent_at)
+    async def _penalise(self, pid: str, reason: str, sent_at: float) -> None:
+        counted, state = await self.pool.record_failure(pid, reason, sent_at)
         if not counted:
             return
         self.stats.inc_value(f"{PREFIX}/{pid}/cooldowns")

@@ -12,6 +12,7 @@ import pytest
 from settings import base as project_settings
 from tests import runner, servers
 from tests.crawlcheck import frontier as frontier_of
+from tests.proxyserver import ProxyServer
 from tests.slowrelay import SlowRelay
 from tests.testweb import Response, TestWeb
 from webfarm.urls import canonical_url, host_of
@@ -217,18 +218,24 @@ def test_redis_outage_mid_crawl_loses_nothing(shop, stores, own_valkey, tmp_path
 def test_the_reactor_does_not_wait_for_redis(shop, stores, valkey_server, tmp_path):
     """Each Redis reply takes 150 ms here. Nothing a crawl asks Redis for on its way must
     hold the reactor meanwhile: the exchanges that lease, ack and push, the latency
-    rule's delay changes, the shared robots.txt cache and the browser-mode memory.
+    rule's delay changes, the shared robots.txt cache, the browser-mode memory and the
+    proxy pool (through two proxies, sticky per host, health re-read every 0.2 s).
     Blocking, the frontier's calls alone stalled it 37 times in this crawl (two requests
-    at a time), and the robots.txt cache and the mode memory some more."""
+    at a time), and the robots.txt cache, the mode memory and the proxy pool some more."""
     base = shop.base_urls[0]
     out = tmp_path / "stalls.json"
     extensions = {**project_settings.EXTENSIONS, "tests.stallprobe.ReactorStalls": 900}
-    with SlowRelay((valkey_server.host, valkey_server.port), 0.15) as relay:
+    with (SlowRelay((valkey_server.host, valkey_server.port), 0.15) as relay,
+          ProxyServer("ok") as one, ProxyServer("ok") as two):
         env = runner.env_for(**{**stores, "REDIS_URL": relay.url})
         result = runner.scrapy(["crawl", "generic", "-a", f"start={base}/",
                                 "-s", "CONCURRENT_REQUESTS=2",
+                                "-s", f"WEBFARM_PROXIES={one.url},{two.url}",
+                                "-s", "WEBFARM_PROXY_STICKY=True",
+                                "-s", "WEBFARM_PROXY_HEALTH_REFRESH=0.2",
                                 "-s", f"EXTENSIONS={json.dumps(extensions)}",
                                 "-s", f"STALLPROBE_OUT={out}"], env, timeout=180)
+    assert one.log or two.log, "the crawl did not go through the proxies"
     assert result.returncode == 0, result.output[-2000:]
     assert set(stored(stores)) == shop.expected_pages(base)
     probe = json.loads(out.read_text())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
@@ -16,7 +17,7 @@ from twisted.internet.error import ConnectionRefusedError as TxConnectionRefused
 
 from middlewares.proxies import ProxyMiddleware
 from settings import base as base_settings  # noqa: E402
-from tests import runner
+from tests import runner, servers
 from tests.proxyserver import BAN_MARKER, ProxyServer
 from webfarm import serialize
 from webfarm.exceptions import RetryLater
@@ -83,6 +84,14 @@ def test_bad_entries_name_the_entry_not_the_secret(value, expected):
 # --- shared health: pools and middlewares on one real Redis ----------------------------------
 
 
+_LOOP = asyncio.new_event_loop()  # one loop: a redis.asyncio client stays on the loop it met
+
+
+def run(call):
+    """The pool's and the middleware's coroutines, run to their end."""
+    return _LOOP.run_until_complete(call)
+
+
 def make_pool(redis_url, proxies, **kwargs):
     kwargs.setdefault("refresh", 0.0)
     return ProxyPool(parse_proxies(proxies), redis.Redis.from_url(redis_url), **kwargs)
@@ -94,56 +103,84 @@ def test_backoff_grows_caps_and_retires(redis_url):
                      clock=lambda: clock[0])
     expected_delays = [10, 20, 25]
     for n, delay in enumerate(expected_delays, 1):
-        counted, state = pool.record_failure("127.0.0.1:1", "ban status 403", clock[0])
+        counted, state = run(pool.record_failure("127.0.0.1:1", "ban status 403", clock[0]))
         assert counted and state.failures == n and not state.retired
         assert state.cooldown_until == pytest.approx(clock[0] + delay)
         assert pool.healthy_ids() == ["127.0.0.1:2"]
         # A request sent before this incident fails too: same incident, not counted again.
-        assert pool.record_failure("127.0.0.1:1", "late", clock[0] - 1)[0] is False
+        assert run(pool.record_failure("127.0.0.1:1", "late", clock[0] - 1))[0] is False
         clock[0] += delay
         assert pool.healthy_ids() == ["127.0.0.1:1", "127.0.0.1:2"]
-    counted, state = pool.record_failure("127.0.0.1:1", "refused", clock[0])
+    counted, state = run(pool.record_failure("127.0.0.1:1", "refused", clock[0]))
     assert counted and state.retired
     clock[0] += 10_000
     assert pool.healthy_ids() == ["127.0.0.1:2"] and pool.retired_ids() == ["127.0.0.1:1"]
-    assert pool.pick("h") is pool.proxies["127.0.0.1:2"]
-    assert pool.pick("h", exclude=["127.0.0.1:2"]) is None
+    assert run(pool.pick("h")) is pool.proxies["127.0.0.1:2"]
+    assert run(pool.pick("h", exclude=["127.0.0.1:2"])) is None
 
 
 def test_success_after_the_incident_resets_the_count(redis_url):
     clock = [1000.0]
     pool = make_pool(redis_url, "127.0.0.1:1", base=1, max_failures=3, clock=lambda: clock[0])
-    pool.record_failure("127.0.0.1:1", "x", clock[0])
+    run(pool.record_failure("127.0.0.1:1", "x", clock[0]))
     clock[0] += 5
-    pool.record_failure("127.0.0.1:1", "x", clock[0])
-    pool.record_success("127.0.0.1:1", "h", sent_at=clock[0] - 1)  # sent before: no proof
-    pool.refresh(force=True)
+    run(pool.record_failure("127.0.0.1:1", "x", clock[0]))
+    run(pool.record_success("127.0.0.1:1", "h", sent_at=clock[0] - 1))  # sent before: no proof
+    run(pool.refresh(force=True))
     assert pool.state["127.0.0.1:1"].failures == 2
     clock[0] += 10
-    pool.record_success("127.0.0.1:1", "h", sent_at=clock[0])
-    pool.refresh(force=True)
+    run(pool.record_success("127.0.0.1:1", "h", sent_at=clock[0]))
+    run(pool.refresh(force=True))
     assert pool.state["127.0.0.1:1"].failures == 0
     # so two more failures do not retire it
-    pool.record_failure("127.0.0.1:1", "x", clock[0])
+    run(pool.record_failure("127.0.0.1:1", "x", clock[0]))
     clock[0] += 5
-    assert not pool.record_failure("127.0.0.1:1", "x", clock[0])[1].retired
+    assert not run(pool.record_failure("127.0.0.1:1", "x", clock[0]))[1].retired
 
 
 def test_rotation_and_sticky_hosts(redis_url):
     pool = make_pool(redis_url, "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
-    picks = [pool.pick("a").id for _ in range(6)]
+    picks = [run(pool.pick("a")).id for _ in range(6)]
     assert picks == ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"] * 2
 
     sticky = make_pool(redis_url, "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", sticky=True)
-    first_a, first_b = sticky.pick("a").id, sticky.pick("b").id
+    first_a, first_b = run(sticky.pick("a")).id, run(sticky.pick("b")).id
     assert first_a != first_b
-    assert {sticky.pick("a").id for _ in range(5)} == {first_a}
+    assert {run(sticky.pick("a")).id for _ in range(5)} == {first_a}
     # Another worker sees the same assignment; a banned sticky proxy is replaced for everyone.
     other = make_pool(redis_url, "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", sticky=True)
-    assert other.pick("a").id == first_a
-    sticky.record_failure(first_a, "ban", sticky.clock())
-    moved = sticky.pick("a").id
-    assert moved != first_a and other.pick("a").id == moved
+    assert run(other.pick("a")).id == first_a
+    run(sticky.record_failure(first_a, "ban", sticky.clock()))
+    moved = run(sticky.pick("a")).id
+    assert moved != first_a and run(other.pick("a")).id == moved
+
+
+def test_pool_without_redis_keeps_choosing_and_cools_down_locally(caplog):
+    """On the crawl's redis.asyncio client, Redis gone: the last known state is used,
+    an incident still cools the proxy down (here, for this worker), nothing raises."""
+    import redis.asyncio
+
+    from webfarm.redisconn import CLIENT_OPTIONS, close_client
+
+    client = redis.asyncio.Redis.from_url(f"redis://127.0.0.1:{servers.free_port()}",
+                                          **CLIENT_OPTIONS)
+    clock = [1000.0]
+    pool = ProxyPool(parse_proxies("127.0.0.1:1,127.0.0.1:2"), client, refresh=0.0,
+                     base=10, sticky=True, clock=lambda: clock[0])
+    try:
+        assert run(pool.refresh(force=True)) is False
+        assert run(pool.pick("h")).id == "127.0.0.1:1"
+        counted, state = run(pool.record_failure("127.0.0.1:1", "ban status 403", clock[0]))
+        assert counted and state.failures == 1 and state.cooldown_until == clock[0] + 10
+        assert run(pool.pick("h")).id == "127.0.0.1:2"
+        assert run(pool.host_ok_elsewhere("h", "127.0.0.1:2")) is False
+        run(pool.record_success("127.0.0.1:2", "h", clock[0]))
+        assert run(pool.host_ok_elsewhere("h", "127.0.0.1:1")) is True  # known locally
+    finally:
+        run(close_client(client))
+    assert any("Redis read failed, keeping the last state" in r.getMessage()
+               for r in caplog.records)
+    assert any("cooling 127.0.0.1:1 down locally" in r.getMessage() for r in caplog.records)
 
 
 def crawler_for(redis_url, proxies, **settings):
@@ -163,19 +200,19 @@ def test_second_worker_sees_a_proxy_banned_by_the_first(redis_url):
     second = ProxyMiddleware.from_crawler(crawler_for(redis_url, proxies))
 
     request = Request("http://127.0.0.2:8000/a")
-    first.process_request(request)
+    run(first.process_request(request))
     assert request.meta["webfarm_proxy"] == "127.0.0.1:1"
     assert request.meta["proxy"] == f"http://u:{SECRET}@127.0.0.1:1"  # HttpProxyMiddleware's
-    retry = first.process_response(request, fetched(request, 407, b"auth please"))
+    retry = run(first.process_response(request, fetched(request, 407, b"auth please")))
     assert isinstance(retry, Request) and retry.dont_filter
     assert retry.meta["webfarm_proxy_tried"] == ["127.0.0.1:1"] and "proxy" not in retry.meta
-    first.process_request(retry)
+    run(first.process_request(retry))
     assert retry.meta["webfarm_proxy"] != "127.0.0.1:1"
 
     used = set()
     for i in range(6):
         r = Request(f"http://127.0.0.3:8000/{i}")
-        second.process_request(r)
+        run(second.process_request(r))
         used.add(r.meta["webfarm_proxy"])
     assert used == {"127.0.0.1:2", "127.0.0.1:3"}
     stored = redis.Redis.from_url(redis_url).hgetall("webfarm:proxies:127.0.0.1:1")
@@ -192,8 +229,8 @@ def test_site_bans_do_not_burn_the_pool(redis_url):
     request = Request("http://127.0.0.2:8000/private")
     outcomes = []
     for _ in range(3):
-        mw.process_request(request)
-        outcome = mw.process_response(request, fetched(request, 403, b"Forbidden"))
+        run(mw.process_request(request))
+        outcome = run(mw.process_response(request, fetched(request, 403, b"Forbidden")))
         outcomes.append(outcome)
         request = outcome
     assert [type(o).__name__ for o in outcomes] == ["Request", "Request", "HtmlResponse"]
@@ -203,42 +240,42 @@ def test_site_bans_do_not_burn_the_pool(redis_url):
 
     # Once a proxy fetched the host fine, a ban marker through another one is that proxy's.
     ok = Request("http://127.0.0.2:8000/ok")
-    mw.process_request(ok)
+    run(mw.process_request(ok))
     good = ok.meta["webfarm_proxy"]
-    assert mw.process_response(ok, fetched(ok)).status == 200
+    assert run(mw.process_response(ok, fetched(ok))).status == 200
     banned = Request("http://127.0.0.2:8000/next")
-    mw.process_request(banned)
+    run(mw.process_request(banned))
     bad = banned.meta["webfarm_proxy"]
     assert bad != good
-    retry = mw.process_response(banned, fetched(banned, 200, f"<p>{BAN_MARKER}</p>".encode()))
+    retry = run(mw.process_response(banned, fetched(banned, 200, f"<p>{BAN_MARKER}</p>".encode())))
     assert isinstance(retry, Request)
     assert bad not in mw.pool.healthy_ids() and good in mw.pool.healthy_ids()
     assert mw.stats.get_value(f"webfarm/proxies/{bad}/cooldowns") == 1
 
     # A 429 with Retry-After that is not the proxy's fault is left to politeness.
     slow = Request("http://127.0.0.3:8000/")
-    mw.process_request(slow)
+    run(mw.process_request(slow))
     response = fetched(slow, 429, b"slow down", {"Retry-After": "30"})
-    assert mw.process_response(slow, response) is response
+    assert run(mw.process_response(slow, response)) is response
 
 
 def test_connection_failures_retry_then_retry_later(redis_url):
     mw = ProxyMiddleware.from_crawler(crawler_for(
         redis_url, "127.0.0.1:1,127.0.0.1:2", WEBFARM_PROXY_RETRY_TIMES=1))
     request = Request("http://127.0.0.2:8000/")
-    mw.process_request(request)
-    retry = mw.process_exception(request, TxConnectionRefused("refused"))
+    run(mw.process_request(request))
+    retry = run(mw.process_exception(request, TxConnectionRefused("refused")))
     assert isinstance(retry, Request)
-    mw.process_request(retry)
+    run(mw.process_request(retry))
     with pytest.raises(RetryLater) as info:
-        mw.process_exception(retry, TxConnectionRefused("refused"))
+        run(mw.process_exception(retry, TxConnectionRefused("refused")))
     assert "connection failed" in info.value.reason
     assert mw.pool.healthy_ids() == []
     # No healthy proxy left: the request waits in the frontier, never goes out directly.
     with pytest.raises(RetryLater) as info:
-        mw.process_request(Request("http://127.0.0.2:8000/x"))
+        run(mw.process_request(Request("http://127.0.0.2:8000/x")))
     assert info.value.delay is not None and 0 < info.value.delay <= 30
-    assert mw.process_exception(request, ValueError("not ours")) is None
+    assert run(mw.process_exception(request, ValueError("not ours"))) is None
 
 
 def test_browser_requests_get_a_context_per_proxy(redis_url):
@@ -247,7 +284,7 @@ def test_browser_requests_get_a_context_per_proxy(redis_url):
     request = Request("http://127.0.0.2:8000/", meta={
         "playwright": True, "playwright_context_kwargs": {"java_script_enabled": True}},
         headers={"Proxy-Authorization": "Basic stale"})
-    mw.process_request(request)
+    run(mw.process_request(request))
     pid = request.meta["webfarm_proxy"]
     assert request.meta["playwright_context"] == f"proxy-{pid}"
     assert request.meta["playwright_context_kwargs"] == {
@@ -257,7 +294,7 @@ def test_browser_requests_get_a_context_per_proxy(redis_url):
     assert request.meta["proxy"] is None and b"Proxy-Authorization" not in request.headers
 
     # After the download the password is gone from meta; a retry carries none either.
-    retry = mw.process_response(request, fetched(request, 407, b"no"))
+    retry = run(mw.process_response(request, fetched(request, 407, b"no")))
     assert SECRET not in json.dumps(request.meta, default=str)
     assert "playwright_context_kwargs" not in retry.meta or "proxy" not in retry.meta[
         "playwright_context_kwargs"]

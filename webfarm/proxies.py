@@ -11,7 +11,9 @@ that were already in flight when an incident was recorded do not count again:
 ``n`` consecutive failures means ``n`` separate incidents, not one burst of
 sixteen concurrent requests through a dead proxy. Each worker reads every
 proxy's hash in one pipelined round trip at most every ``refresh`` seconds and
-chooses locally, so the hot path costs no Redis call.
+chooses locally, so the hot path costs no Redis call. The calls that reach Redis are
+coroutines: on ``redis.asyncio`` (the crawl's client under the asyncio reactor) the
+reactor runs on while Redis answers, as it does for the frontier's exchange.
 
 A ban answered by the site (not the proxy) must not burn the pool:
 ``webfarm:proxies:hosts:<host>`` remembers, per host, when each proxy last
@@ -29,6 +31,10 @@ from dataclasses import dataclass
 import redis
 
 from webfarm.proxyconfig import Proxy
+from webfarm.redisconn import AnyRedis, answer
+
+# What a Redis call can raise on either client (redis.asyncio lets OS errors through).
+_ERRORS = (redis.RedisError, OSError, TimeoutError)
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +120,7 @@ class ProxyPool:
     """
 
     def __init__(
-        self, proxies: Sequence[Proxy], client: redis.Redis, *, base: float = 30.0,
+        self, proxies: Sequence[Proxy], client: AnyRedis, *, base: float = 30.0,
         cap: float = 3600.0, max_failures: int = 5, refresh: float = 1.0,
         ttl: float = 86400.0, host_window: float = 600.0, sticky: bool = False,
         clock: Callable[[], float] = time.time,
@@ -149,7 +155,7 @@ class ProxyPool:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def refresh(self, force: bool = False) -> bool:
+    async def refresh(self, force: bool = False) -> bool:
         """Re-read every proxy's state in one round trip, at most every ``refresh`` s.
 
         Returns True when it read. A Redis error keeps the last known state: a
@@ -163,8 +169,8 @@ class ProxyPool:
             pipe = self.redis.pipeline(transaction=False)
             for pid in self.order:
                 pipe.hmget(self.key(pid), _FIELDS)
-            rows = pipe.execute()
-        except redis.RedisError as exc:
+            rows = await answer(pipe.execute())
+        except _ERRORS as exc:
             logger.warning("proxy health: Redis read failed, keeping the last state: %s", exc)
             return False
         for pid, row in zip(self.order, rows, strict=True):
@@ -172,7 +178,7 @@ class ProxyPool:
         return True
 
     def healthy_ids(self, now: float | None = None) -> list[str]:
-        self.refresh()
+        """As of the last :meth:`refresh` (which :meth:`pick` makes when one is due)."""
         now = self.clock() if now is None else now
         return [pid for pid in self.order if self.state[pid].healthy(now)]
 
@@ -186,36 +192,38 @@ class ProxyPool:
 
     # -- choosing --------------------------------------------------------------------------
 
-    def pick(self, host: str, exclude: Iterable[str] = ()) -> Proxy | None:
+    async def pick(self, host: str, exclude: Iterable[str] = ()) -> Proxy | None:
         """A healthy proxy for ``host``, not one of ``exclude``; None if there is none.
 
         Least recently used among the healthy ones (round-robin under steady
         load), or the host's sticky proxy while it stays healthy.
         """
         excluded = set(exclude)
+        await self.refresh()
         healthy = [pid for pid in self.healthy_ids() if pid not in excluded]
         if not healthy:
             return None
         chosen: str | None = None
         if self.sticky:
-            chosen = self._sticky_choice(host, healthy, bool(excluded))
+            chosen = await self._sticky_choice(host, healthy, bool(excluded))
         if chosen is None:
             chosen = min(healthy, key=lambda pid: self._last_used[pid])
             if self.sticky and not excluded:
-                self._set_sticky(host, chosen)
+                await self._set_sticky(host, chosen)
         self._use_seq += 1
         self._last_used[chosen] = self._use_seq
         return self.proxies[chosen]
 
-    def _sticky_choice(self, host: str, healthy: list[str], retrying: bool) -> str | None:
+    async def _sticky_choice(self, host: str, healthy: list[str], retrying: bool
+                             ) -> str | None:
         current = self._sticky.get(host)
         if current in healthy:
             return current
         if retrying:
             return None
         try:
-            shared = self.redis.hget(STICKY_KEY, host)
-        except redis.RedisError:
+            shared = await answer(self.redis.hget(STICKY_KEY, host))
+        except _ERRORS:
             shared = None
         pid = shared.decode() if shared else None
         if pid in healthy:
@@ -223,19 +231,19 @@ class ProxyPool:
             return pid
         return None
 
-    def _set_sticky(self, host: str, pid: str) -> None:
+    async def _set_sticky(self, host: str, pid: str) -> None:
         self._sticky[host] = pid
         try:
             pipe = self.redis.pipeline(transaction=False)
             pipe.hset(STICKY_KEY, host, pid)
             pipe.expire(STICKY_KEY, self.ttl)
-            pipe.execute()
-        except redis.RedisError as exc:
+            await answer(pipe.execute())
+        except _ERRORS as exc:
             logger.warning("proxy sticky map: Redis write failed: %s", exc)
 
     # -- outcomes --------------------------------------------------------------------------
 
-    def record_success(self, pid: str, host: str, sent_at: float) -> None:
+    async def record_success(self, pid: str, host: str, sent_at: float) -> None:
         """The proxy fetched ``host`` fine. Costs a Redis write only when news."""
         now = self.clock()
         self._host_ok.setdefault(host, {})[pid] = now
@@ -247,23 +255,24 @@ class ProxyPool:
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.hset(self.host_key(host), pid, f"{now:.3f}")
                 pipe.expire(self.host_key(host), int(max(self.host_window, 1)))
-                pipe.execute()
+                await answer(pipe.execute())
             state = self.state[pid]
             recovered = state.failures and sent_at >= state.cooldown_from and not state.retired
-            if recovered and self._success_script(keys=[self.key(pid)], args=[sent_at, self.ttl]):
+            if recovered and await answer(
+                    self._success_script(keys=[self.key(pid)], args=[sent_at, self.ttl])):
                 state.failures = 0
-        except redis.RedisError as exc:
+        except _ERRORS as exc:
             logger.warning("proxy health: Redis write failed: %s", exc)
 
-    def host_ok_elsewhere(self, host: str, pid: str) -> bool:
+    async def host_ok_elsewhere(self, host: str, pid: str) -> bool:
         """Did another proxy fetch ``host`` fine within ``host_window`` seconds?"""
         since = self.clock() - self.host_window
         local = self._host_ok.get(host, {})
         if any(other != pid and ts >= since for other, ts in local.items()):
             return True
         try:
-            shared = self.redis.hgetall(self.host_key(host))
-        except redis.RedisError:
+            shared = await answer(self.redis.hgetall(self.host_key(host)))
+        except _ERRORS:
             return False
         for other, ts in shared.items():
             other_id = other.decode()
@@ -277,8 +286,8 @@ class ProxyPool:
                 return True
         return False
 
-    def record_failure(self, pid: str, reason: str, sent_at: float, counter: str = "bans"
-                       ) -> tuple[bool, ProxyState]:
+    async def record_failure(self, pid: str, reason: str, sent_at: float,
+                             counter: str = "bans") -> tuple[bool, ProxyState]:
         """Count an incident against ``pid``: cooldown with growing backoff, maybe retire.
 
         Returns (counted, state): ``counted`` is False when the request was sent
@@ -287,14 +296,14 @@ class ProxyPool:
         """
         now = self.clock()
         try:
-            counted = bool(self._failure_script(
+            counted = bool(await answer(self._failure_script(
                 keys=[self.key(pid)],
                 args=[now, sent_at, self.base, self.cap, self.max_failures, self.ttl,
                       reason[:200], counter],
-            ))
-            row = self.redis.hmget(self.key(pid), _FIELDS)
+            )))
+            row = await answer(self.redis.hmget(self.key(pid), _FIELDS))
             self.state[pid] = ProxyState.from_redis(row)
-        except redis.RedisError as exc:
+        except _ERRORS as exc:
             logger.warning("proxy health: Redis write failed, cooling %s down locally: %s",
                            pid, exc)
             state = self.state[pid]

@@ -10,7 +10,7 @@ import redis
 import redis.asyncio
 from redis.exceptions import NoScriptError
 from scrapy.settings import BaseSettings
-from scrapy.utils.reactor import is_asyncio_reactor_installed
+from scrapy.utils.reactor import is_asyncio_reactor_installed, is_reactor_installed
 
 from webfarm import config
 
@@ -40,8 +40,8 @@ def async_redis_client(settings: BaseSettings) -> redis.asyncio.Redis:
 def crawl_redis_client(settings: BaseSettings) -> AnyRedis:
     """The client for a component that awaits its calls during a crawl (via :func:`answer`):
     ``redis.asyncio`` under the asyncio reactor (webfarm's), so the reactor runs on while
-    Redis answers; the blocking client under any other reactor."""
-    if is_asyncio_reactor_installed():
+    Redis answers; the blocking client under any other reactor, or none yet."""
+    if is_reactor_installed() and is_asyncio_reactor_installed():
         return async_redis_client(settings)
     return redis_client(settings)
 
