@@ -19,6 +19,7 @@ from middlewares.proxies import ProxyMiddleware
 from settings import base as base_settings  # noqa: E402
 from tests import runner, servers
 from tests.proxyserver import BAN_MARKER, ProxyServer
+from tests.slowrelay import SlowRelay
 from webfarm import serialize
 from webfarm.exceptions import RetryLater
 from webfarm.proxies import ProxyPool
@@ -153,6 +154,33 @@ def test_rotation_and_sticky_hosts(redis_url):
     run(sticky.record_failure(first_a, "ban", sticky.clock()))
     moved = run(sticky.pick("a")).id
     assert moved != first_a and run(other.pick("a")).id == moved
+
+
+def test_requests_of_a_new_host_picked_together_share_its_sticky_proxy(valkey_server,
+                                                                       redis_url):
+    """Each reply 50 ms late: the four requests all read "no sticky proxy yet" before the
+    first one's choice is written; the later ones still take the first one's."""
+    import redis.asyncio
+
+    from webfarm.redisconn import CLIENT_OPTIONS, close_client
+
+    with SlowRelay((valkey_server.host, valkey_server.port), 0.05) as relay:
+        client = redis.asyncio.Redis.from_url(relay.url, **CLIENT_OPTIONS)
+        pool = ProxyPool(parse_proxies("127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"), client,
+                         refresh=60.0, sticky=True)
+
+        async def together():
+            await pool.refresh(force=True)
+            await asyncio.gather(*(client.ping() for _ in range(4)))  # 4 connections open
+            return await asyncio.gather(*(pool.pick("new.test") for _ in range(4)))
+
+        try:
+            picks = {p.id for p in run(together())}
+        finally:
+            run(close_client(client))
+    assert len(picks) == 1
+    stored = redis.Redis.from_url(redis_url).hget("webfarm:proxies:sticky", "new.test")
+    assert stored.decode() in picks
 
 
 def test_pool_without_redis_keeps_choosing_and_cools_down_locally(caplog):

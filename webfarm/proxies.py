@@ -206,12 +206,14 @@ class ProxyPool:
         chosen: str | None = None
         if self.sticky:
             chosen = await self._sticky_choice(host, healthy, bool(excluded))
+        new_sticky = False
         if chosen is None:
             chosen = min(healthy, key=lambda pid: self._last_used[pid])
-            if self.sticky and not excluded:
-                await self._set_sticky(host, chosen)
+            new_sticky = self.sticky and not excluded
         self._use_seq += 1
-        self._last_used[chosen] = self._use_seq
+        self._last_used[chosen] = self._use_seq  # before any await: others pick after it
+        if new_sticky:
+            await self._set_sticky(host, chosen)
         return self.proxies[chosen]
 
     async def _sticky_choice(self, host: str, healthy: list[str], retrying: bool
@@ -225,6 +227,9 @@ class ProxyPool:
             shared = await answer(self.redis.hget(STICKY_KEY, host))
         except _ERRORS:
             shared = None
+        current = self._sticky.get(host)
+        if current in healthy:  # chosen by a request of this host while we read
+            return current
         pid = shared.decode() if shared else None
         if pid in healthy:
             self._sticky[host] = pid
