@@ -28,13 +28,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-import redis
-
 from webfarm.proxyconfig import Proxy
-from webfarm.redisconn import AnyRedis, answer
-
-# What a Redis call can raise on either client (redis.asyncio lets OS errors through).
-_ERRORS = (redis.RedisError, OSError, TimeoutError)
+from webfarm.redisconn import REDIS_FAILURES, AnyRedis, answer
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +165,7 @@ class ProxyPool:
             for pid in self.order:
                 pipe.hmget(self.key(pid), _FIELDS)
             rows = await answer(pipe.execute())
-        except _ERRORS as exc:
+        except REDIS_FAILURES as exc:
             logger.warning("proxy health: Redis read failed, keeping the last state: %s", exc)
             return False
         for pid, row in zip(self.order, rows, strict=True):
@@ -225,7 +220,7 @@ class ProxyPool:
             return None
         try:
             shared = await answer(self.redis.hget(STICKY_KEY, host))
-        except _ERRORS:
+        except REDIS_FAILURES:
             shared = None
         current = self._sticky.get(host)
         if current in healthy:  # chosen by a request of this host while we read
@@ -243,7 +238,7 @@ class ProxyPool:
             pipe.hset(STICKY_KEY, host, pid)
             pipe.expire(STICKY_KEY, self.ttl)
             await answer(pipe.execute())
-        except _ERRORS as exc:
+        except REDIS_FAILURES as exc:
             logger.warning("proxy sticky map: Redis write failed: %s", exc)
 
     # -- outcomes --------------------------------------------------------------------------
@@ -266,7 +261,7 @@ class ProxyPool:
             if recovered and await answer(
                     self._success_script(keys=[self.key(pid)], args=[sent_at, self.ttl])):
                 state.failures = 0
-        except _ERRORS as exc:
+        except REDIS_FAILURES as exc:
             logger.warning("proxy health: Redis write failed: %s", exc)
 
     async def host_ok_elsewhere(self, host: str, pid: str) -> bool:
@@ -277,7 +272,7 @@ class ProxyPool:
             return True
         try:
             shared = await answer(self.redis.hgetall(self.host_key(host)))
-        except _ERRORS:
+        except REDIS_FAILURES:
             return False
         for other, ts in shared.items():
             other_id = other.decode()
@@ -308,7 +303,7 @@ class ProxyPool:
             )))
             row = await answer(self.redis.hmget(self.key(pid), _FIELDS))
             self.state[pid] = ProxyState.from_redis(row)
-        except _ERRORS as exc:
+        except REDIS_FAILURES as exc:
             logger.warning("proxy health: Redis write failed, cooling %s down locally: %s",
                            pid, exc)
             state = self.state[pid]

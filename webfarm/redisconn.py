@@ -16,6 +16,9 @@ from webfarm import config
 
 # What a Redis call raises when the server is unreachable or too slow to answer.
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
+# Any way a Redis call can fail, refusals (out of memory, read-only) included, on either
+# client (redis.asyncio lets OS errors through): for components that carry on without it.
+REDIS_FAILURES = (redis.RedisError, OSError, TimeoutError)
 # Short timeouts: a dead Redis must show up as an error, not a hung worker.
 CLIENT_OPTIONS = {
     "socket_timeout": 10,

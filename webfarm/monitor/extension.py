@@ -22,7 +22,6 @@ import socket
 import time
 from typing import Any
 
-import redis
 from scrapy import Request, Spider, signals
 from scrapy.crawler import Crawler
 from scrapy.exceptions import IgnoreRequest, NotConfigured
@@ -38,14 +37,13 @@ from webfarm.monitor.alerts import Evaluator, Rules
 from webfarm.monitor.metrics import MetricsStore, Recorder
 from webfarm.monitor.notify import Notifier
 from webfarm.queue import open_frontier
-from webfarm.redisconn import redis_client
+from webfarm.redisconn import REDIS_FAILURES, redis_client
 from webfarm.urls import host_of
 
 logger = logging.getLogger(__name__)
 
 _ATTR = "_webfarm_monitor"
 _FLAG = "_webfarm_monitor_counted"  # meta: this request was counted as a fetch
-REDIS_ERRORS = (redis.RedisError, ConnectionError, TimeoutError, OSError)
 
 
 def shared_recorder(crawler: Crawler) -> Recorder:
@@ -151,7 +149,7 @@ class MonitorExtension:
     def spider_opened(self, spider: Spider) -> None:
         try:
             self.store.sync_clock()
-        except REDIS_ERRORS as exc:
+        except REDIS_FAILURES as exc:
             logger.warning("Monitoring: cannot read the Redis clock (%s); using ours", exc)
         for name, every, call in (("flush", self.flush_interval, self._flush),
                                   ("monitor", self.monitor_interval, self._monitor)):
@@ -217,7 +215,7 @@ class MonitorExtension:
             return
         try:
             self.store.write(counts, maxes)
-        except REDIS_ERRORS as exc:
+        except REDIS_FAILURES as exc:
             self.recorder.restore(counts, maxes)
             if self._flush_failing_since is None:
                 self._flush_failing_since = time.monotonic()
@@ -231,7 +229,7 @@ class MonitorExtension:
     def _monitor(self) -> None:
         try:
             self.evaluator.tick()
-        except REDIS_ERRORS as exc:
+        except REDIS_FAILURES as exc:
             if not self._monitor_failing:
                 logger.warning("Monitoring: frontier samples and alert rules wait for Redis "
                                "(%s)", exc)
