@@ -35,7 +35,10 @@ re-parses the stored pages with ``scrapy reparse`` and prints its pages/second.
 CPU per page is printed for the crawling process, its helper processes (storage and
 hashing), Valkey + SecantusDB, and the whole machine (those and the test web): on a
 machine whose cores are all busy, pages/s follows the machine's CPU per page, not the
-crawling process's alone.
+crawling process's alone. A last table splits the measured time of the crawling
+process's reactor thread into time on a CPU, time runnable but waiting for a CPU
+(another process had it: the helpers, the servers, the test web) and time asleep
+(waiting for the network, Redis or the helpers), from Linux's per-thread schedstat.
 """
 
 from __future__ import annotations
@@ -112,6 +115,8 @@ def child(setup: str, start: str) -> None:
     crawler = process.create_crawler(SPIDER)
     marks = {"first": None, "last": None, "pages": 0, "items": 0, "cpu0": 0.0, "cpu1": 0.0,
              "helpers0": 0.0, "helpers1": 0.0, "sampled": 0.0}
+    clock = ThreadClock()  # the reactor's thread: signals are sent from it
+    ran = {"0": (0.0, 0.0), "1": (0.0, 0.0)}
 
     def response_received(**kw: object) -> None:
         marks["last_response"] = time.perf_counter()
@@ -119,10 +124,12 @@ def child(setup: str, start: str) -> None:
             marks["first"] = time.perf_counter()
             marks["cpu0"] = time.process_time()
             marks["helpers0"] = helpers_cpu()
+            ran["0"] = clock.read()
 
     def item_scraped(item: object, **kw: object) -> None:
         marks["last"] = time.perf_counter()
         marks["cpu1"] = time.process_time()
+        ran["1"] = clock.read()
         marks["pages" if isinstance(item, PageItem) else "items"] += 1
         if marks["last"] - marks["sampled"] >= 0.05:  # /proc reads, at most 20 a second
             marks["sampled"], marks["helpers1"] = marks["last"], helpers_cpu()
@@ -140,8 +147,29 @@ def child(setup: str, start: str) -> None:
                       "cpu_ms": 1000 * cpu / max(1, marks["pages"]),
                       "helpers_ms": 1000 * (marks["helpers1"] - marks["helpers0"])
                       / max(1, marks["pages"]),
+                      # the reactor thread's share of the measured time on a CPU, and
+                      # runnable but waiting for one (taken by another process)
+                      "on_cpu": (ran["1"][0] - ran["0"][0]) / seconds if seconds else 0,
+                      "cpu_wait": (ran["1"][1] - ran["0"][1]) / seconds if seconds else 0,
                       "errors": crawler.stats.get_value("log_count/ERROR", 0),
                       "item_errors": crawler.stats.get_value("webfarm/items/gave_up", 0)}))
+
+
+class ThreadClock:
+    """The calling thread's seconds on a CPU and waiting for one (runnable, but another
+    task had the CPU): Linux's per-thread schedstat, read in under a microsecond."""
+
+    def __init__(self) -> None:
+        try:
+            self.fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:  # not Linux, or no scheduler statistics: the columns read 0
+            self.fd = None
+
+    def read(self) -> tuple[float, float]:
+        if self.fd is None:
+            return 0.0, 0.0
+        run, wait = os.pread(self.fd, 64, 0).split()[:2]
+        return int(run) / 1e9, int(wait) / 1e9
 
 
 def cpu_seconds(pid: int) -> float:
@@ -189,7 +217,10 @@ def run_child(setup: str, start: str, env: dict[str, str]) -> dict[str, float]:
             "seconds": max(r["last"] for r in results) - min(r["first"] for r in results),
             "tail": max(r["last"] for r in results) - max(r["last_response"] for r in results),
             "cpu_ms": sum(r["cpu_ms"] * r["pages"] for r in results) / max(1, pages),
-            "helpers_ms": sum(r["helpers_ms"] * r["pages"] for r in results) / max(1, pages)}
+            "helpers_ms": sum(r["helpers_ms"] * r["pages"] for r in results) / max(1, pages),
+            # each worker's share of its own measured time, averaged over the workers
+            "on_cpu": statistics.mean(r["on_cpu"] for r in results),
+            "cpu_wait": statistics.mean(r["cpu_wait"] for r in results)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,6 +365,13 @@ def report(results: dict[str, list[dict[str, float]]], reparse: list[float]) -> 
         print(f"{name} / bare Scrapy = {rates[name] / bare:.2f}, paired {paired[name]:.2f} "
               f"({verdict} the 0.8x target)")
     print(f"webfarm / scrapy-redis = {rates['webfarm'] / rates['scrapy-redis']:.2f}")
+    print(f"\n{'setup':14s} {'crawler on a CPU':>17s} {'waiting for one':>16s} "
+          f"{'asleep':>7s}   (the crawling process's reactor thread, share of the "
+          "measured time; medians)")
+    for setup in SETUPS:
+        on = statistics.median(r["on_cpu"] for r in results[setup])
+        wait = statistics.median(r["cpu_wait"] for r in results[setup])
+        print(f"{setup:14s} {on:16.0%} {wait:16.0%} {max(0.0, 1 - on - wait):7.0%}")
 
 
 if __name__ == "__main__":
