@@ -1,9 +1,10 @@
 """A test extension: when the reactor stalls, and in which code.
 
 A 10 ms timer marks the reactor alive; a watchdog thread that sees no mark for
-100 ms records the files on the reactor thread's stack (once per stall). Only
-stalls while pages are being fetched count (first response to last). The
-result goes to the JSON file ``STALLPROBE_OUT`` names when the spider closes.
+100 ms records the files and functions on the reactor thread's stack (once per stall). Only
+stalls while pages are being fetched count (first response to last); those
+after the last response (the idle wait, the close) are listed apart. The result
+goes to the JSON file ``STALLPROBE_OUT`` names when the spider closes.
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ class ReactorStalls:
             if self.stalls and self.stalls[-1]["start"] == last:
                 continue  # this stall is recorded
             frame = sys._current_frames().get(self._reactor_thread)
-            files = sorted({f.filename for f in traceback.extract_stack(frame)}) if frame else []
-            self.stalls.append({"start": last, "seconds": None, "files": files})
+            stack = traceback.extract_stack(frame) if frame else []
+            self.stalls.append({"start": last, "seconds": None,
+                                "files": sorted({f.filename for f in stack}),
+                                "functions": sorted({f.name for f in stack})})
 
     def opened(self, spider: Any) -> None:
         self.loop.start(0.01)
@@ -70,5 +73,6 @@ class ReactorStalls:
         self.loop.stop()
         first, last = self.responses[0], self.responses[-1]
         stalls = [s for s in self.stalls if first <= s["start"] <= last]
+        after = [s for s in self.stalls if s["start"] > last]  # waiting idle, then closing
         Path(self.out).write_text(json.dumps({"responses": len(self.responses),
-                                              "stalls": stalls}))
+                                              "stalls": stalls, "after": after}))

@@ -12,6 +12,7 @@ import pytest
 import redis
 import redis.asyncio
 
+from tests.servers import free_port
 from tests.slowrelay import SlowRelay
 from webfarm.frontier import MAX_PUSH, AsyncFrontier, Entry, Frontier, backoff
 from webfarm.frontierlink import FrontierLink
@@ -477,6 +478,66 @@ def test_retries_and_dead_letters_ride_an_exchange_without_blocking(valkey_serve
         "http://a.test/child", "http://a.test/parent"]  # the retry was due at once
     direct.push([entry("c.test", "later")])
     assert direct.pop("w") is None  # c.test waits out its Retry-After
+    direct.reset()
+
+
+def test_the_idle_check_waits_for_no_reply(valkey_server) -> None:
+    """A worker with nothing to do asks whether the whole frontier is empty before it
+    closes. Under a running loop that question blocks nothing: it is sent, the answer is
+    taken on the next call (the engine asks again when it is back), an answer sent before
+    new work came is not used, and an unreachable Redis is an outage, not an error."""
+    direct = Frontier(redis.Redis(host=valkey_server.host, port=valkey_server.port),
+                      "idlerelay", default_delay=0)
+    direct.reset()
+
+    async def answer(link: FrontierLink, answers: list[int]) -> bool | None:
+        before = len(answers)
+        started = time.perf_counter()
+        assert link.frontier_idle() is None  # sent
+        assert time.perf_counter() - started < 0.05  # one reply alone takes 150 ms
+        deadline = time.monotonic() + 10
+        while len(answers) == before:
+            assert time.monotonic() < deadline, "no answer came back"
+            await asyncio.sleep(0.01)
+        return link.frontier_idle()
+
+    with SlowRelay((valkey_server.host, valkey_server.port), 0.15) as relay:
+        f = Frontier(redis.Redis.from_url(relay.url), "idlerelay", default_delay=0)
+
+        async def run() -> tuple:
+            answers: list[int] = []
+            link = FrontierLink(f, "w", aio=AsyncFrontier(f, redis.asyncio.Redis.from_url(
+                relay.url)), on_idle_answer=lambda: answers.append(1))
+            try:
+                empty = await answer(link, answers)
+                direct.push([entry("a.test", "new")])
+                busy = await answer(link, answers)
+                direct.pop("w")  # leased: still not empty
+                leased = await answer(link, answers)
+                # An answer sent before work came is forgotten: the next call asks anew.
+                assert link.frontier_idle() is None
+                link.forget_idle_answer()
+                assert link.frontier_idle() is None
+                return empty, busy, leased, link.down_since
+            finally:
+                await link.aclose()
+
+        empty, busy, leased, down_since = asyncio.run(run())
+    assert (empty, busy, leased, down_since) == (True, False, False, None)
+
+    closed = f"redis://127.0.0.1:{free_port()}/0"
+    gone = Frontier(redis.Redis.from_url(closed), "idlerelay", default_delay=0)
+
+    async def unreachable() -> tuple:
+        answers: list[int] = []
+        link = FrontierLink(gone, "w", aio=AsyncFrontier(gone, redis.asyncio.Redis.from_url(
+            closed)), on_idle_answer=lambda: answers.append(1))
+        try:
+            return await answer(link, answers), link.down_since is not None, link.waiting()
+        finally:
+            await link.aclose()
+
+    assert asyncio.run(unreachable()) == (None, True, True)  # an outage: retried later
     direct.reset()
 
 

@@ -215,6 +215,31 @@ def test_redis_outage_mid_crawl_loses_nothing(shop, stores, own_valkey, tmp_path
     assert len(urls) == len(set(urls)) and set(urls) == shop.expected_pages(base)
 
 
+def test_redis_outage_while_idle_does_not_keep_the_worker(shop, stores, own_valkey,
+                                                            tmp_path):
+    """Redis goes away while the worker waits out its idle time (its idle checks fail):
+    one line is logged, and once Redis is back the worker sees the frontier empty and
+    closes by itself."""
+    base = shop.base_urls[0]
+    stores = {**stores, "REDIS_URL": own_valkey.url}
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0", WEBFARM_IDLE_TIMEOUT="4")
+    worker = runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, tmp_path / "a.log")
+    try:
+        wait_until(lambda: set(stored(stores)) == shop.expected_pages(base), 60,
+                   "every page stored")
+        own_valkey.stop()
+        time.sleep(2.5)  # the idle check runs at least once a second
+        own_valkey.start()
+        assert worker.wait(60) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+    log = (tmp_path / "a.log").read_text()
+    assert "Redis unreachable" in log and "Redis reachable again" in log
+    assert "Frontier empty for" in log and "Traceback" not in log
+
+
 def test_the_reactor_does_not_wait_for_redis(shop, stores, valkey_server, tmp_path):
     """Each Redis reply takes 150 ms here. Nothing a crawl asks Redis for on its way must
     hold the reactor meanwhile: the exchanges that lease, ack and push, the latency
@@ -242,3 +267,7 @@ def test_the_reactor_does_not_wait_for_redis(shop, stores, valkey_server, tmp_pa
     assert probe["responses"] >= len(shop.expected_pages(base))
     in_redis = [s for s in probe["stalls"] if any("/redis/" in f for f in s["files"])]
     assert in_redis == [], f"{len(in_redis)} stalls in Redis calls: {in_redis[:3]}"
+    # Nor the idle check at the end (blocking, it held the reactor 3 times in this crawl).
+    assert "Frontier empty for" in result.output
+    idle = [s for s in probe["after"] if "spider_idle" in s["functions"]]
+    assert idle == [], f"{len(idle)} stalls in the idle check: {idle[:3]}"

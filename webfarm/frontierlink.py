@@ -41,6 +41,7 @@ class FrontierLink:
         aio: AsyncFrontier | None = None,
         on_exchange: Callable[[Exchange, int, bool], None] | None = None,
         leases_held: Callable[[], int] = lambda: 0,
+        on_idle_answer: Callable[[], None] = lambda: None,
     ) -> None:
         self.frontier = frontier
         self.worker = worker
@@ -49,6 +50,8 @@ class FrontierLink:
         #: ``(result, pop, later)`` after each exchange; ``later`` for one that did not block
         self.on_exchange = on_exchange or (lambda result, pop, later: None)
         self.leases_held = leases_held  # for the outage log line
+        self.on_idle_answer = on_idle_answer  # a check of frontier_idle() is back
+        self._idle_check: asyncio.Future[bool] | None = None
         self.push: list[Entry] = []
         self.acks: list[str] = []
         self.delays: dict[str, float] = {}  # host -> seconds, the latest change of each
@@ -143,6 +146,43 @@ class FrontierLink:
         self.on_exchange(result, pop, True)
         if self.ops:  # came while this one was on its way
             self.start(0)
+
+    def frontier_idle(self) -> bool | None:
+        """Is the whole frontier empty (nothing queued, delayed or leased, by any worker)?
+
+        Without a running loop, asked now (blocking). Under one, the answer of the check
+        the previous call sent; None when it was sent now or is still on its way
+        (``on_idle_answer`` runs when it is back), and while Redis is unreachable."""
+        if self.aio is None or not _loop_running():
+            try:
+                return self.frontier.is_idle()
+            except REDIS_ERRORS as exc:
+                self.error(exc)
+                return None
+        check = self._idle_check
+        if check is None:
+            self._idle_check = asyncio.ensure_future(self.aio.is_idle())
+            self._idle_check.add_done_callback(self._idle_answered)
+            return None
+        if not check.done():
+            return None
+        self._idle_check = None
+        try:
+            idle = check.result()
+        except Exception as exc:  # logged (an outage once), and asked again next time
+            self.error(exc)
+            return None
+        self.ok()
+        return idle
+
+    def forget_idle_answer(self) -> None:
+        """Work came: an answer sent before it may be out of date; the next call asks anew."""
+        self._idle_check = None
+
+    def _idle_answered(self, check: asyncio.Future[bool]) -> None:
+        if not check.cancelled():
+            check.exception()  # seen: a forgotten check's error is not worth a log line
+        self.on_idle_answer()
 
     def flush(self, force: bool = False) -> None:
         """Send what is held now, blocking (``force``: even within the backoff)."""

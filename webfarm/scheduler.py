@@ -134,7 +134,8 @@ class Scheduler(BaseScheduler):
             aio = AsyncFrontier(self.frontier, async_redis_client(self.crawler.settings))
         self.link = FrontierLink(self.frontier, self.worker, self.stats, aio,
                                  on_exchange=self._exchanged,
-                                 leases_held=lambda: len(self._inflight))
+                                 leases_held=lambda: len(self._inflight),
+                                 on_idle_answer=self._wake)
         self._loop = LoopingCall(self.link.tick)
         self._loop.start(self.flush_interval, now=False)
         counts = self.frontier.counts()
@@ -370,6 +371,8 @@ class Scheduler(BaseScheduler):
             # The frontier holds work again: lift the idle poll gate, or the engine would
             # get one request per batch of links until the gate expires (a starved crawl).
             self._next_poll = 0.0
+            self._empty_since = None  # work came: the frontier's idle time starts again
+            self.link.forget_idle_answer()
         if not later:
             return  # the caller of the blocking exchange takes its leases
         if result.popped:
@@ -402,15 +405,18 @@ class Scheduler(BaseScheduler):
 
     def spider_idle(self, spider: Spider) -> None:
         """Keep the worker until the whole frontier (every worker's share) stayed empty
-        for ``WEBFARM_IDLE_TIMEOUT`` seconds; 0 keeps it forever."""
-        self.link.flush()
-        if self.idle_timeout <= 0 or self.link.down_since is not None or self.link.push:
+        for ``WEBFARM_IDLE_TIMEOUT`` seconds; 0 keeps it forever. Under the asyncio
+        reactor nothing here waits for Redis: what is held and the check are sent, and
+        the engine asks again when they are back."""
+        link = self.link
+        if link.waiting():  # Redis unreachable: asked again after the backoff
             raise DontCloseSpider
-        try:
-            idle = self.frontier.is_idle()
-        except REDIS_ERRORS as exc:
-            self.link.error(exc)
-            raise DontCloseSpider from None
+        link.tick()  # links and acks held go first: the check must see them
+        if self.idle_timeout <= 0 or link.waiting() or link.push or link.in_flight:
+            raise DontCloseSpider
+        idle = link.frontier_idle()
+        if idle is None:
+            raise DontCloseSpider
         if not idle:
             self._empty_since = None
             raise DontCloseSpider

@@ -57,5 +57,11 @@ class AsyncFrontier:
         return f._joined([f._step_reply(reply, n)
                           for reply, (_, n) in zip(replies, steps, strict=True)])
 
+    async def is_idle(self) -> bool:
+        """:meth:`Frontier.is_idle <webfarm.frontier.core.Frontier.is_idle>`, not blocking."""
+        f = self.frontier
+        reply = await self._script(keys=f._keys, args=[f.prefix, "counts"])
+        return f._idle(f._counts(reply))
+
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -357,6 +357,10 @@ class Frontier:
 
     def counts(self) -> dict[str, int]:
         """queued, ready_hosts, hosts, delayed, leased, dead, seen, retried, expired."""
+        return self._counts(self._call("counts"))
+
+    @staticmethod
+    def _counts(reply: Sequence[Any]) -> dict[str, int]:
         names = (
             "queued",
             "ready_hosts",
@@ -368,11 +372,14 @@ class Frontier:
             "retried",
             "expired",
         )
-        return dict(zip(names, (int(v) for v in self._call("counts")), strict=True))
+        return dict(zip(names, (int(v) for v in reply), strict=True))
 
     def is_idle(self) -> bool:
         """Nothing queued, delayed or leased (dead letters do not count)."""
-        c = self.counts()
+        return self._idle(self.counts())
+
+    @staticmethod
+    def _idle(c: dict[str, int]) -> bool:
         return c["queued"] == 0 and c["delayed"] == 0 and c["leased"] == 0
 
     def host_stats(self) -> list[dict]:
