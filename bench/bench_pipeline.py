@@ -114,9 +114,9 @@ def child(setup: str, start: str) -> None:
     process = CrawlerProcess(settings)
     crawler = process.create_crawler(SPIDER)
     marks = {"first": None, "last": None, "pages": 0, "items": 0, "cpu0": 0.0, "cpu1": 0.0,
-             "helpers0": 0.0, "helpers1": 0.0, "sampled": 0.0}
+             "helpers0": 0.0, "helpers1": 0.0, "sampled": 0.0,
+             "sched0": (0.0, 0.0), "sched1": (0.0, 0.0)}
     clock = ThreadClock()  # the reactor's thread: signals are sent from it
-    ran = {"0": (0.0, 0.0), "1": (0.0, 0.0)}
 
     def response_received(**kw: object) -> None:
         marks["last_response"] = time.perf_counter()
@@ -124,12 +124,12 @@ def child(setup: str, start: str) -> None:
             marks["first"] = time.perf_counter()
             marks["cpu0"] = time.process_time()
             marks["helpers0"] = helpers_cpu()
-            ran["0"] = clock.read()
+            marks["sched0"] = clock.read()
 
     def item_scraped(item: object, **kw: object) -> None:
         marks["last"] = time.perf_counter()
         marks["cpu1"] = time.process_time()
-        ran["1"] = clock.read()
+        marks["sched1"] = clock.read()
         marks["pages" if isinstance(item, PageItem) else "items"] += 1
         if marks["last"] - marks["sampled"] >= 0.05:  # /proc reads, at most 20 a second
             marks["sampled"], marks["helpers1"] = marks["last"], helpers_cpu()
@@ -140,6 +140,7 @@ def child(setup: str, start: str) -> None:
     process.start()
     seconds = (marks["last"] or 0) - (marks["first"] or 0)
     cpu = marks["cpu1"] - marks["cpu0"]
+    (ran0, wait0), (ran1, wait1) = marks["sched0"], marks["sched1"]
     print(json.dumps({"pages": marks["pages"], "items": marks["items"], "seconds": seconds,
                       "first": marks["first"], "last": marks["last"],
                       "last_response": marks.get("last_response", 0),
@@ -149,8 +150,8 @@ def child(setup: str, start: str) -> None:
                       / max(1, marks["pages"]),
                       # the reactor thread's share of the measured time on a CPU, and
                       # runnable but waiting for one (taken by another process)
-                      "on_cpu": (ran["1"][0] - ran["0"][0]) / seconds if seconds else 0,
-                      "cpu_wait": (ran["1"][1] - ran["0"][1]) / seconds if seconds else 0,
+                      "on_cpu": (ran1 - ran0) / seconds if seconds else 0,
+                      "cpu_wait": (wait1 - wait0) / seconds if seconds else 0,
                       "errors": crawler.stats.get_value("log_count/ERROR", 0),
                       "item_errors": crawler.stats.get_value("webfarm/items/gave_up", 0)}))
 

@@ -1,10 +1,11 @@
 """A test extension: when the reactor stalls, and in which code.
 
 A 10 ms timer marks the reactor alive; a watchdog thread that sees no mark for
-100 ms records the files and functions on the reactor thread's stack (once per stall). Only
-stalls while pages are being fetched count (first response to last); those
-after the last response (the idle wait, the close) are listed apart. The result
-goes to the JSON file ``STALLPROBE_OUT`` names when the spider closes.
+100 ms records the files and functions on the reactor thread's stack (once per
+stall). Only stalls while pages are being fetched count (first response to
+last); those after the last response (the idle wait, the close) are listed
+apart. The result goes to the JSON file ``STALLPROBE_OUT`` names when the
+spider closes.
 """
 
 from __future__ import annotations
