@@ -29,12 +29,14 @@ class PageHasher:
     """
 
     def __init__(self, threads: StorageThreads, volatile: tuple[str, ...], simhash: bool,
-                 stats: StatsCollector | None = None, processes: int = 0) -> None:
+                 stats: StatsCollector | None = None, processes: int = 0,
+                 sched_batch: bool = False) -> None:
         self.threads = threads
         self.volatile = volatile
         self.simhash = simhash
         self.stats = stats
         self.processes = max(0, processes)
+        self.sched_batch = sched_batch
         self._helpers: list[StorageProcess] = []
         self._closed = False
 
@@ -43,7 +45,8 @@ class PageHasher:
                       stats: StatsCollector | None = None) -> PageHasher:
         raw = settings.get("WEBFARM_VOLATILE_PATTERNS") or []
         return cls(threads, volatile_patterns(raw), settings.getbool("WEBFARM_NEARDUP", True),
-                   stats, settings.getint("WEBFARM_HASH_PROCESSES", 1))
+                   stats, settings.getint("WEBFARM_HASH_PROCESSES", 1),
+                   settings.getbool("WEBFARM_HELPER_SCHED_BATCH", True))
 
     @property
     def restarts(self) -> int:
@@ -71,7 +74,8 @@ class PageHasher:
         if not self._helpers:
             fallback = ("set WEBFARM_HASH_PROCESSES=0 to hash in the storage threads "
                         f"(WEBFARM_HASH_PROCESSES={self.processes} now)")
-            self._helpers = [StorageProcess(1, fallback, role="hashing")
+            self._helpers = [StorageProcess(1, fallback, role="hashing",
+                                            sched_batch=self.sched_batch)
                              for _ in range(self.processes)]
         return self._helpers
 

@@ -208,6 +208,9 @@ ITEM_PIPELINES = {
 WEBFARM_STORAGE_THREADS = 16
 # Run the pipelines' store calls (pymongo, boto3) in a helper process, off the crawler's GIL.
 WEBFARM_STORAGE_PROCESS = True
+# Run the helper processes (storage, hashing) under Linux's SCHED_BATCH policy: their wakeups
+# then do not preempt the crawler on its CPU; their CPU share stays nice 0's.
+WEBFARM_HELPER_SCHED_BATCH = True
 # First refetch interval of a new page, in seconds (the refetch policy moves it later).
 WEBFARM_REFETCH_INTERVAL = _env_float("WEBFARM_REFETCH_INTERVAL", 86400.0)
 # Object computing refetch_interval/next_fetch_at on every fetch (import path; from_crawler);

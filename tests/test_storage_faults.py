@@ -190,7 +190,7 @@ def test_storage_down_past_the_limit_sends_requests_back(web, redis_url, own_mon
 
 
 def storage_processes(parent: int) -> list[int]:
-    """Pids of the storage processes (``python -m webfarm.storeworker 16 storage``) of a
+    """Pids of the storage processes (``python -m webfarm.storeworker 16 storage ...``) of a
     crawl (its hashing helpers run the same module with the role ``hashing``)."""
     found = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
@@ -201,7 +201,10 @@ def storage_processes(parent: int) -> list[int]:
             continue  # ended meanwhile
         ppid = int(stat_line.rsplit(")", 1)[1].split()[1])
         args = command.split(b"\0")
-        if ppid == parent and b"webfarm.storeworker" in args and args[-2:-1] == [b"storage"]:
+        if ppid != parent or b"webfarm.storeworker" not in args:
+            continue
+        role = args.index(b"webfarm.storeworker") + 2  # -m webfarm.storeworker THREADS ROLE
+        if args[role:role + 1] == [b"storage"]:
             found.append(int(entry))
     return found
 

@@ -168,3 +168,51 @@ def test_the_pipe_to_the_helper_holds_several_pages():
         return fcntl.fcntl(pipe.fileno(), fcntl.F_GETPIPE_SZ)
 
     assert session(test) >= want
+
+
+@pytest.mark.parametrize(("sched_batch", "policy"), [(True, os.SCHED_BATCH),
+                                                     (False, os.SCHED_OTHER)])
+def test_helpers_run_under_sched_batch_unless_told_not_to(sched_batch, policy):
+    """Under SCHED_BATCH a helper's wakeups do not preempt the crawler on its CPU; every
+    thread of the helper (the pool's threads start after the policy is set) has it."""
+    async def go():
+        process = StorageProcess(4, sched_batch=sched_batch)
+        try:
+            # calls at once, so that several of the pool's threads answer
+            threads = await asyncio.gather(*(process.run(os.sched_getscheduler, 0)
+                                             for _ in range(8)))
+            return threads, os.sched_getscheduler(process.pid)
+        finally:
+            await process.close(timeout=10)
+
+    threads, main_thread = asyncio.run(asyncio.wait_for(go(), 60))
+    assert set(threads) == {policy}
+    assert main_thread == policy
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the crawler's own is left alone
+
+
+def test_the_setting_reaches_the_storage_and_hashing_helpers():
+    from scrapy.utils.test import get_crawler
+
+    from pipelines.content import PageHasher
+    from webfarm.threads import storage_calls, storage_threads
+
+    for value, want in ((None, True), (False, False)):
+        settings = {} if value is None else {"WEBFARM_HELPER_SCHED_BATCH": value}
+        crawler = get_crawler(settings_dict=settings)
+        hasher = PageHasher.from_settings(crawler.settings, storage_threads(crawler))
+        assert storage_calls(crawler).sched_batch is want
+        assert all(h.sched_batch is want for h in hasher._ensure_helpers())
+
+
+def test_a_refused_sched_batch_says_so_and_the_helper_keeps_serving(monkeypatch, capsys):
+    from webfarm import storeworker
+
+    def refuse(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    storeworker._batch_scheduling()  # no exception: the helper goes on under the old policy
+    err = capsys.readouterr().err
+    assert "SCHED_BATCH refused (" in err and "Operation not permitted" in err
+    assert "Set WEBFARM_HELPER_SCHED_BATCH=False" in err

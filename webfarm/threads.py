@@ -64,7 +64,9 @@ def storage_calls(crawler: Crawler) -> StorageCalls:
     if process is None:
         from webfarm.storeworker import StorageProcess
 
-        process = StorageProcess(crawler.settings.getint("WEBFARM_STORAGE_THREADS", 16))
+        process = StorageProcess(
+            crawler.settings.getint("WEBFARM_STORAGE_THREADS", 16),
+            sched_batch=crawler.settings.getbool("WEBFARM_HELPER_SCHED_BATCH", True))
         setattr(crawler, _PROCESS_ATTR, process)
 
         async def spider_closed() -> None:
