@@ -11,7 +11,7 @@ from scrapy.statscollectors import StatsCollector
 
 from webfarm.content import fingerprint, volatile_patterns
 from webfarm.items import PageItem
-from webfarm.storeworker import StorageProcess, StorageProcessDied
+from webfarm.storeworker import StorageProcess, StorageProcessDied, sched_batch_setting
 from webfarm.threads import StorageThreads, storage_threads
 
 
@@ -46,7 +46,7 @@ class PageHasher:
         raw = settings.get("WEBFARM_VOLATILE_PATTERNS") or []
         return cls(threads, volatile_patterns(raw), settings.getbool("WEBFARM_NEARDUP", True),
                    stats, settings.getint("WEBFARM_HASH_PROCESSES", 1),
-                   settings.getbool("WEBFARM_HELPER_SCHED_BATCH", True))
+                   sched_batch_setting(settings))
 
     @property
     def restarts(self) -> int:

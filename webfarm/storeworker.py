@@ -41,7 +41,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 try:
     import fcntl
@@ -50,6 +50,9 @@ except ImportError:  # Windows has none: the pipe keeps its size
 
 from webfarm.batching import TRANSIENT
 from webfarm.config import ConfigError
+
+if TYPE_CHECKING:
+    from scrapy.settings import BaseSettings
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,6 +80,11 @@ def _write_out(stdin: asyncio.StreamWriter, out: list[bytes]) -> None:
 def _frame(obj: Any) -> bytes:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     return _LEN.pack(len(data)) + data
+
+
+def sched_batch_setting(settings: BaseSettings) -> bool:
+    """``WEBFARM_HELPER_SCHED_BATCH``, read alike for the storage and the hashing helpers."""
+    return settings.getbool("WEBFARM_HELPER_SCHED_BATCH", True)
 
 
 class StorageProcess:

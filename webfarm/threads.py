@@ -62,11 +62,10 @@ def storage_calls(crawler: Crawler) -> StorageCalls:
         return storage_threads(crawler)
     process: StorageProcess | None = getattr(crawler, _PROCESS_ATTR, None)
     if process is None:
-        from webfarm.storeworker import StorageProcess
+        from webfarm.storeworker import StorageProcess, sched_batch_setting
 
-        process = StorageProcess(
-            crawler.settings.getint("WEBFARM_STORAGE_THREADS", 16),
-            sched_batch=crawler.settings.getbool("WEBFARM_HELPER_SCHED_BATCH", True))
+        process = StorageProcess(crawler.settings.getint("WEBFARM_STORAGE_THREADS", 16),
+                                 sched_batch=sched_batch_setting(crawler.settings))
         setattr(crawler, _PROCESS_ATTR, process)
 
         async def spider_closed() -> None:
