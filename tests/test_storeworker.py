@@ -5,17 +5,21 @@ killed helper fails its calls as retryable and is replaced, errors come back as 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
 
+import pymongo
 import pytest
 
+from tests import servers
 from webfarm.batching import TRANSIENT
 from webfarm.blobstore import FileBlobStore
 from webfarm.config import ConfigError
 from webfarm.index import IndexStore
 from webfarm.items import PageItem
+from webfarm.itemstore import ItemStore
 from webfarm.storeworker import RemoteStoreError, StorageProcess, StorageProcessDied
 
 
@@ -80,6 +84,40 @@ def test_store_calls_run_in_the_helper_and_return_what_the_store_returns(
         assert index.contents.find_one()["size"] == 10  # the size came, the body did not
     finally:
         index.close()
+
+
+def test_the_crawlers_stores_leave_mongodb_to_the_helper(tmp_path):
+    """A crawler's pipelines hold their stores only to send them to the helper: the
+    stores open no connection in the crawler (each used to hold 2 idle ones, and 3
+    threads) until something calls them there."""
+    with contextlib.ExitStack() as stack:
+        server = servers.secantus(tmp_path / "mongo", test_commands=False).start()
+        stack.callback(server.stop)
+        admin = stack.enter_context(pymongo.MongoClient(server.url))
+
+        def connections() -> int:
+            return admin.admin.command("serverStatus")["connections"]["current"]
+
+        base = connections()
+        index = IndexStore(server.url, "t")
+        stack.callback(index.close)
+        stack.callback(ItemStore.open(server.url, "t").close)
+        deadline = time.monotonic() + 1.0  # a connected client opens its own in ms
+        while time.monotonic() < deadline:
+            assert connections() == base
+            time.sleep(0.1)
+
+        async def test(process):
+            await process.run(index.ensure_indexes)
+            return await process.run(index.record_pages, [page("http://127.0.0.2/a", b"x")])
+
+        assert session(test)[0].new_page  # the helper opened its own client and wrote
+        deadline = time.monotonic() + 10.0  # and closed it when it ended (the server
+        while connections() != base and time.monotonic() < deadline:  # sees that soon)
+            time.sleep(0.05)
+        assert connections() == base
+        assert index.pages.count_documents({}) == 1  # a call here connects here
+        assert connections() > base
 
 
 def test_a_killed_helper_fails_calls_in_flight_as_retryable_and_is_replaced(tmp_path):
