@@ -152,6 +152,7 @@ def child(setup: str, start: str) -> None:
                       # runnable but waiting for one (taken by another process)
                       "on_cpu": (ran1 - ran0) / seconds if seconds else 0,
                       "cpu_wait": (wait1 - wait0) / seconds if seconds else 0,
+                      "blobs": crawler.stats.get_value("webfarm/blobs/written", 0),
                       "errors": crawler.stats.get_value("log_count/ERROR", 0),
                       "item_errors": crawler.stats.get_value("webfarm/items/gave_up", 0)}))
 
@@ -215,6 +216,7 @@ def run_child(setup: str, start: str, env: dict[str, str]) -> dict[str, float]:
     pages = sum(r["pages"] for r in results)
     results = [r for r in results if r["pages"]] or results[:1]  # a worker may get none
     return {"pages": pages, "items": sum(r["items"] for r in results),
+            "blobs": sum(r["blobs"] for r in results),
             "seconds": max(r["last"] for r in results) - min(r["first"] for r in results),
             "tail": max(r["last"] for r in results) - max(r["last_response"] for r in results),
             "cpu_ms": sum(r["cpu_ms"] * r["pages"] for r in results) / max(1, pages),
@@ -280,8 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(args.runs):
             for setup in SETUPS:
                 db = f"bench{run}"
-                run_env = {**env, "MONGO_DATABASE": db,
-                           "BLOB_STORE_URI": (tmp / f"blobs{run}").as_uri()}
+                # A blob store of its own for each crawl, as its database: in a shared one
+                # the setups after the first found every blob there and wrote none.
+                blobs = tmp / f"blobs{run}-{setup.replace(' ', '-')}"
+                run_env = {**env, "MONGO_DATABASE": db, "BLOB_STORE_URI": blobs.as_uri()}
                 redis.Redis.from_url(valkey.url).flushall()
                 pymongo.MongoClient(mongo.url).drop_database(db)
                 before = {n: cpu_seconds(p.proc.pid) for n, p in servers_.items()}
@@ -292,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                 r["web_ms"] = 1000 * (cpu_seconds(web.pid) - web_before) / max(1, r["pages"])
                 results[setup].append(r)
                 print(f"  run {run + 1} {setup:12s} {r['pages']:5d} pages "
-                      f"{r['pages'] / r['seconds']:7.1f} pages/s", flush=True)
+                      f"{r['pages'] / r['seconds']:7.1f} pages/s"
+                      + (f"  {r['blobs']} blobs written" if r["blobs"] else ""), flush=True)
                 if setup == "webfarm":
                     reparse.append(run_reparse(run_env))
                     print(f"  run {run + 1} re-parse     {reparse[-1]:7.1f} pages/s",
