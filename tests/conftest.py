@@ -44,6 +44,15 @@ def mongo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.S
 
 
 @pytest.fixture()
+def own_mongo(tmp_path: Path) -> Iterator[servers.Server]:
+    """A SecantusDB of this test alone: it gets stopped, restarted, fail-pointed, or its
+    connections counted."""
+    server = servers.secantus(tmp_path / "secantus").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
 def mongo_uri(mongo_server: servers.Server) -> str:
     return mongo_server.url
 

@@ -11,22 +11,12 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
 import pymongo
-import pytest
 
 from tests import runner, servers
-
-
-@pytest.fixture()
-def own_mongo(tmp_path) -> Iterator[servers.Server]:
-    """A SecantusDB of this test alone: it gets stopped, restarted and fail-pointed."""
-    server = servers.secantus(tmp_path / "secantus").start()
-    yield server
-    server.stop()
 
 
 class Gate:

@@ -13,7 +13,6 @@ import time
 import pymongo
 import pytest
 
-from tests import servers
 from webfarm.batching import TRANSIENT
 from webfarm.blobstore import FileBlobStore
 from webfarm.config import ConfigError
@@ -86,13 +85,12 @@ def test_store_calls_run_in_the_helper_and_return_what_the_store_returns(
         index.close()
 
 
-def test_the_crawlers_stores_leave_mongodb_to_the_helper(tmp_path):
+def test_the_crawlers_stores_leave_mongodb_to_the_helper(own_mongo):
     """A crawler's pipelines hold their stores only to send them to the helper: the
     stores open no connection in the crawler (each used to hold 2 idle ones, and 3
     threads) until something calls them there."""
+    server = own_mongo
     with contextlib.ExitStack() as stack:
-        server = servers.secantus(tmp_path / "mongo", test_commands=False).start()
-        stack.callback(server.stop)
         # Polled monitoring: a streaming monitor opens a third connection of its own
         # at an unknown moment, which a loaded machine showed here as a false change.
         admin = stack.enter_context(pymongo.MongoClient(server.url, serverMonitoringMode="poll"))
