@@ -36,7 +36,7 @@ R = TypeVar("R")
 
 # Defaults of the batched pipelines (settings/base.py holds the same values).
 BATCH_SIZE = 200
-BATCH_SECONDS = 0.1
+BATCH_SECONDS = 0.2
 BATCH_WRITERS = 2
 QUIET_SECONDS = 0.05  # a crawl at speed sends a page every few ms; 50 ms without one is a lull
 RETRY_SECONDS = 300.0
