@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from scrapy.crawler import Crawler
@@ -15,6 +16,7 @@ from webfarm.batching import (
     RETRY_SECONDS,
     Batcher,
     batch_options,
+    engine_idle,
 )
 from webfarm.index import IndexStore, PageRecord, RefetchPolicy, load_refetch_policy
 from webfarm.items import PageItem
@@ -35,6 +37,7 @@ class IndexPipeline:
         self, store: IndexStore, stats: StatsCollector, threads: StorageCalls,
         batch_size: int = BATCH_SIZE, batch_seconds: float = BATCH_SECONDS,
         retry_seconds: float = RETRY_SECONDS, writers: int = BATCH_WRITERS,
+        idle: Callable[[], bool] | None = None,
     ) -> None:
         self.store = store
         self.stats = stats
@@ -42,6 +45,7 @@ class IndexPipeline:
         self.batcher: Batcher[PageItem, PageRecord] = Batcher(
             self._write, size=batch_size, seconds=batch_seconds, retry_seconds=retry_seconds,
             what="index write", stats=stats, stat_prefix="webfarm/index", writers=writers,
+            idle=idle,
         )
 
     @classmethod
@@ -55,7 +59,8 @@ class IndexPipeline:
             neardup_distance=distance if settings.getbool("WEBFARM_NEARDUP", True) else -1,
         )
         assert crawler.stats is not None
-        return cls(store, crawler.stats, storage_calls(crawler), **batch_options(settings))
+        return cls(store, crawler.stats, storage_calls(crawler), **batch_options(settings),
+                   idle=engine_idle(crawler))
 
     async def open_spider(self) -> None:
         await self.threads.run(self.store.ensure_indexes)

@@ -23,6 +23,7 @@ from webfarm.batching import (
     RETRY_SECONDS,
     Batcher,
     batch_options,
+    engine_idle,
 )
 from webfarm.items import PageItem, source_of
 from webfarm.itemstore import ItemEntry, ItemStore, index_fields, make_entry
@@ -45,6 +46,7 @@ class ItemStorePipeline:
         self.batcher: Batcher[ItemEntry, str] = Batcher(
             self._write, size=batch_size, seconds=batch_seconds, retry_seconds=retry_seconds,
             what="item write", stats=stats, stat_prefix="webfarm/items", writers=writers,
+            idle=engine_idle(crawler),
         )
 
     @classmethod

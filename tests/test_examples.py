@@ -58,6 +58,9 @@ def test_catalogue_stores_each_product_once_upserted_on_its_sku(web, stores):
         assert doc["source_url"] == url and doc["content_hash"] == pages[url]["content_hash"]
         assert doc["extracted_at"] is not None and doc["extractor_version"] == "1"
     assert stat(first, "webfarm/items/created") == len(shop.products)
+    # Once nothing was in flight (the last page parsed) its batch went without waiting for
+    # pages that could not come: the engine's idle state was read from this Scrapy.
+    assert stat(first, "webfarm/index/idle_batches") >= 1
 
     # The same crawl again (fresh frontier, same database): nothing changes.
     redis.Redis.from_url(stores["REDIS_URL"]).flushall()
