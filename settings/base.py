@@ -240,7 +240,8 @@ WEBFARM_RECRAWL_BATCH = 10_000  # most overdue pages enqueued per round
 SCRAPER_SLOT_MAX_ACTIVE_SIZE = 10_000_000
 WEBFARM_INDEX_BATCH_SIZE = 200
 # 0.2 s over 0.1 s: half the batches, each with a fixed cost in the crawler, the storage
-# process and MongoDB (bench_pipeline, small pages: +3-4% pages/s; 100 KB pages: no loss).
+# process and MongoDB: MongoDB's CPU a page 5-9% lower, one crawler's pages/s the same
+# (README, WEBFARM_INDEX_BATCH_SECONDS).
 WEBFARM_INDEX_BATCH_SECONDS = 0.2
 WEBFARM_INDEX_WRITERS = 2  # batches written at once (pages and items, each)
 # A failing MongoDB/S3 is retried with backoff this long; then the request goes back to the
