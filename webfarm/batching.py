@@ -31,6 +31,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
+from scrapy.crawler import Crawler
 from scrapy.settings import BaseSettings
 from scrapy.statscollectors import StatsCollector
 
@@ -235,7 +236,7 @@ class Batcher(Generic[E, R]):
                 future.set_result(result)
 
 
-def engine_idle(crawler: Any) -> Callable[[], bool]:
+def engine_idle(crawler: Crawler) -> Callable[[], bool]:
     """Whether ``crawler``'s downloader has no request in flight and no response waits
     to be parsed: then no new entry can come before a request goes out and comes back,
     and a batch that waits its ``quiet`` period for one only delays its write (and the
