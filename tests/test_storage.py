@@ -20,7 +20,6 @@ from scrapy.utils.test import get_crawler
 
 from pipelines.blobs import BlobStorePipeline
 from pipelines.index import IndexPipeline
-from webfarm.batching import Batcher
 from webfarm.blobstore import FileBlobStore, S3BlobStore, blob_key
 from webfarm.config import ConfigError
 from webfarm.content import fingerprint
@@ -263,37 +262,6 @@ def test_a_batch_waits_for_more_pages_only_while_they_keep_coming(store):
     assert store.pages.count_documents({}) == 31
     # one batch for the lone page, and the stream (1 at most 2, if the machine stalled)
     assert 2 <= crawler.stats.get_value("webfarm/index/batches") <= 3
-
-
-def test_a_batch_does_not_wait_for_entries_that_cannot_come():
-    """While the crawler has nothing in flight (the last response of a crawl was parsed, a
-    lull) a batch goes a few ms after its last entry, not after its quiet period; the
-    entries of one response still go together. A busy crawler's batch keeps waiting."""
-    written: list[list[str]] = []
-    crawler = get_crawler()
-
-    async def write(entries: list[str]) -> list[str]:
-        written.append(list(entries))
-        return entries
-
-    crawling = {"idle": False}
-
-    async def scenario() -> tuple[bool, list[str]]:
-        batcher = Batcher(write, size=100, seconds=30, quiet=10, retry_seconds=1,
-                          what="test", stats=crawler.stats, stat_prefix="t",
-                          idle=lambda: crawling["idle"])
-        first = asyncio.ensure_future(batcher.submit("a"))
-        await asyncio.sleep(0.5)
-        waited = not first.done()  # requests in flight: more entries may come
-        crawling["idle"] = True  # the last response is in; its entries come now
-        rest = [asyncio.ensure_future(batcher.submit(x)) for x in "bc"]
-        return waited, await asyncio.wait_for(asyncio.gather(first, *rest), 5)
-
-    waited, done = asyncio.run(scenario())
-    assert waited
-    assert done == ["a", "b", "c"]
-    assert written == [["a", "b", "c"]]
-    assert crawler.stats.get_value("t/idle_batches") == 1
 
 
 def test_a_write_failing_past_the_limit_fails_the_item(store):
