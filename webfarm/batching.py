@@ -162,43 +162,39 @@ class Batcher(Generic[E, R]):
                 continue
             await asyncio.wait(set(self._active))
 
-    def _window_due(self) -> float:
-        """When the pending batch is due by time: its oldest entry's deadline, or sooner
-        when entries stopped coming (the newest pending one is the newest submitted)."""
-        return min(self._pending[0][2] + self.seconds, self._pending[-1][2] + self.quiet)
-
-    def _idle_due(self) -> float:
-        """Sooner still while no entry can come (the crawler has nothing in flight)."""
-        if self.idle is not None and self.idle():
-            return self._pending[-1][2] + IDLE_QUIET_SECONDS
-        return float("inf")
-
-    def _due(self) -> bool:
-        if len(self._pending) >= self.size:
-            return True
-        if not self._pending:
-            return False
-        now = time.monotonic()
-        if now >= self._window_due():
-            return True
-        if now >= self._idle_due():
-            if self.stats is not None:
-                self.stats.inc_value(f"{self.stat_prefix}/idle_batches")
-            return True
-        return False
+    def _due_at(self) -> tuple[float, float]:
+        """When the pending batch is due by time: its window (its oldest entry's deadline,
+        or sooner when entries stopped coming: the newest pending one is the newest
+        submitted), and sooner still while no entry can come (the crawler has nothing in
+        flight); returns ``(due, window)``."""
+        last = self._pending[-1][2]
+        window = min(self._pending[0][2] + self.seconds, last + self.quiet)
+        if self.idle is not None and last + IDLE_QUIET_SECONDS < window and self.idle():
+            return last + IDLE_QUIET_SECONDS, window
+        return window, window
 
     def _kick(self) -> None:
-        while self._pending and len(self._active) < self.writers and self._due():
+        while self._pending and len(self._active) < self.writers:
+            if len(self._pending) < self.size:
+                due, window = self._due_at()
+                now = time.monotonic()
+                if now < due:
+                    self._arm(due)
+                    return
+                if now < window and self.stats is not None:  # due only as nothing can come
+                    self.stats.inc_value(f"{self.stat_prefix}/idle_batches")
             self._start()
-        if self._pending and len(self._active) < self.writers:
-            due = min(self._window_due(), self._idle_due())
-            if self._timer is not None and due < self._timer_at:  # idle now: sooner
-                self._timer.cancel()
-                self._timer = None
-            if self._timer is None:
-                self._timer_at = due
-                wait = max(0.0, due - time.monotonic())
-                self._timer = asyncio.get_running_loop().call_later(wait, self._on_timer)
+
+    def _arm(self, due: float) -> None:
+        """The timer that kicks again at ``due``; an armed one that is later is replaced
+        (the crawler went idle since it was armed)."""
+        if self._timer is not None and due < self._timer_at:
+            self._timer.cancel()
+            self._timer = None
+        if self._timer is None:
+            self._timer_at = due
+            wait = max(0.0, due - time.monotonic())
+            self._timer = asyncio.get_running_loop().call_later(wait, self._on_timer)
 
     def _start(self) -> None:
         """One batch to a writer (at most ``writers`` batches are written at once)."""
