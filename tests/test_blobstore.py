@@ -12,6 +12,7 @@ import zstandard
 from scrapy.settings import Settings
 
 from webfarm.blobstore import (
+    BlobDamaged,
     BlobStoreError,
     Compression,
     FileBlobStore,
@@ -65,11 +66,20 @@ def test_gzip_store_writes_gzip_and_every_store_reads_both(tmp_path):
         assert store.get(other_key) == other
 
 
-def test_damaged_blob_says_so(tmp_path):
-    store = FileBlobStore(tmp_path)
+@pytest.mark.parametrize("compression", ["zstd", "gzip"])
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda raw: b"PK\x03\x04 not ours", "neither zstd nor gzip.*damaged"),
+    (lambda raw: raw[: len(raw) // 2], "ends early|does not decompress"),  # a cut-off copy
+    (lambda raw: raw[:6] + b"\xff" * (len(raw) - 6), "does not decompress"),  # overwritten
+])
+def test_damaged_blob_says_so(tmp_path, compression, damage, message):
+    """A damaged blob raises BlobDamaged; it never reads as a shorter page (a truncated
+    zstd frame decompresses to what it holds, without an error of its own)."""
+    store = FileBlobStore(tmp_path, compression=Compression(compression))
     store.put_once(blob_key(HASH), BODY, META)
-    (tmp_path / blob_key(HASH)).write_bytes(b"PK\x03\x04 not ours")
-    with pytest.raises(BlobStoreError, match="neither zstd nor gzip.*damaged"):
+    path = tmp_path / blob_key(HASH)
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(BlobDamaged, match=message):
         store.get(blob_key(HASH))
 
 

@@ -24,10 +24,19 @@ from typing import Any, Protocol
 from urllib.parse import quote, unquote, urlsplit
 
 META_SUFFIX = ".meta.json"
+_NOT_FOUND = ("404", "NoSuchKey", "NotFound")  # S3 error codes of a key that is not there
 
 
 class BlobStoreError(Exception):
     """The store cannot be used; the message says what to do."""
+
+
+class BlobMissing(BlobStoreError):
+    """No blob under that key (deleted, or the index points to another store)."""
+
+
+class BlobDamaged(BlobStoreError):
+    """A stored blob that does not decompress to a whole body."""
 
 
 def blob_key(content_hash: str) -> str:
@@ -86,15 +95,27 @@ class Compression:
 
 
 def decompress(data: bytes) -> bytes:
-    """A blob's body, whichever compression it was written with."""
-    if data.startswith(_ZSTD_MAGIC):
-        import zstandard
+    """A blob's body, whichever compression it was written with. A blob that does not
+    decompress whole (truncated, overwritten, not webfarm's) raises :class:`BlobDamaged`:
+    a partial body must never pass for the page."""
+    try:
+        if data.startswith(_ZSTD_MAGIC):
+            import zstandard
 
-        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
-    if data.startswith(_GZIP_MAGIC):
-        return gzip.decompress(data)
-    raise BlobStoreError(f"a blob that is neither zstd nor gzip (it starts {data[:4]!r}); "
-                         "it was not written by webfarm, or it was damaged")
+            inflater = zstandard.ZstdDecompressor().decompressobj()
+            body = inflater.decompress(data)
+            if not inflater.eof:  # a truncated frame gives what it has, silently
+                raise BlobDamaged(f"a zstd blob that ends early ({len(data)} bytes)")
+            return body
+        if data.startswith(_GZIP_MAGIC):
+            return gzip.decompress(data)
+    except BlobDamaged:
+        raise
+    except Exception as exc:  # zstandard.ZstdError, EOFError, gzip.BadGzipFile, zlib.error
+        raise BlobDamaged(f"a blob that does not decompress ({type(exc).__name__}: {exc})"
+                          ) from None
+    raise BlobDamaged(f"a blob that is neither zstd nor gzip (it starts {data[:4]!r}); "
+                      "it was not written by webfarm, or it was damaged")
 
 
 BlobWrite = tuple[str, bytes, dict[str, str]]  # key, body, metadata
@@ -227,7 +248,12 @@ class FileBlobStore(_PutMany):
         return self._write_new(path, self.compression.compress(body))
 
     def get(self, key: str) -> bytes:
-        return decompress(self._path(key).read_bytes())
+        """The body under ``key``; BlobMissing or BlobDamaged when there is none to read."""
+        try:
+            data = self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise BlobMissing(f"no blob {key} in {self.uri}") from None
+        return decompress(data)
 
     def metadata(self, key: str) -> dict[str, str]:
         path = self._path(key)
@@ -305,7 +331,7 @@ class S3BlobStore(_PutMany):
             self.client.head_object(Bucket=self.bucket, Key=self.prefix + key)
             return True
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
                 return False
             raise
 
@@ -325,7 +351,15 @@ class S3BlobStore(_PutMany):
         return True
 
     def get(self, key: str) -> bytes:
-        obj = self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)
+        """The body under ``key``; BlobMissing or BlobDamaged when there is none to read."""
+        from botocore.exceptions import ClientError
+
+        try:
+            obj = self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
+                raise BlobMissing(f"no blob {key} in {self.uri}") from None
+            raise
         return decompress(obj["Body"].read())
 
     def metadata(self, key: str) -> dict[str, str]:
