@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import signal
+import time
+from pathlib import Path
 
 import pymongo
 
-from tests import runner
+from tests import runner, servers
+from tests.gate import Gate
 
 SPIDERS = ["-s", "SPIDER_MODULES=spiders,tests.spiders"]
 
@@ -67,3 +71,83 @@ def test_reparse_reextracts_without_network(web, redis_url, mongo_uri, mongo_db_
     bad = runner.scrapy(["reparse", "test_products", *SPIDERS, "--since", "yesterday"], env)
     assert bad.returncode == 2 and "not an ISO date" in bad.stderr
     assert web.hits == []  # not one request reached the test web, robots.txt included
+
+
+def wait_log(log: Path, text: str, proc, timeout: float = 60) -> None:
+    servers.wait_for(lambda: text in log.read_text(errors="replace") or proc.poll() is not None,
+                     timeout, f"{text!r} in the reparse log")
+    assert text in log.read_text(errors="replace"), log.read_text(errors="replace")[-3000:]
+
+
+def test_reparse_waits_out_store_outages_and_stops_past_the_limit(
+        web, redis_url, own_mongo, s3_server, s3_bucket, tmp_path):
+    base = web.base_urls[0]
+    gate = Gate(int(s3_server.url.rsplit(":", 1)[1]))
+    env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=own_mongo.url, MONGO_DATABASE="rp",
+                         BLOB_STORE_URI=f"s3://{s3_bucket}/rp",
+                         AWS_ENDPOINT_URL=f"http://127.0.0.1:{gate.port}",
+                         WEBFARM_S3_MAX_ATTEMPTS="1")
+    admin = pymongo.MongoClient(own_mongo.url).admin
+
+    def mongo_writes(mode: str) -> None:  # the server drops a write's connection, as if down
+        admin.command("configureFailPoint", "failCommand", mode=mode,
+                      data={"failCommands": ["insert", "update"], "closeConnection": True})
+
+    try:
+        crawl = runner.scrapy(["crawl", "test_products", "-a", f"start={base}/", *SPIDERS], env,
+                              180)
+        assert crawl.returncode == 0, crawl.output[-3000:]
+        db = pymongo.MongoClient(own_mongo.url)["rp"]
+        pages, products = db.pages.count_documents({}), db.products.count_documents({})
+        assert products == 36
+        db.products.delete_many({})  # lost, say: a re-parse must store them again
+        web.clear_hits()
+
+        # MongoDB refuses writes for longer than the limit: the run stops and says what to do.
+        mongo_writes("alwaysOn")
+        stopped = runner.scrapy(["reparse", "test_products", *SPIDERS, "--batch-size", "20",
+                                 "-s", "WEBFARM_STORAGE_RETRY_SECONDS=1"], env)
+        assert stopped.returncode == 3, stopped.output[-3000:]
+        assert re.search(r"reparse stopped after [1-9]\d* pages: writing items to MongoDB "
+                         r"failed for [\d.]+s \(WEBFARM_STORAGE_RETRY_SECONDS=1\).*The items "
+                         "written so far stay; run the same command again", stopped.stderr
+                         ), stopped.stderr[-2000:]
+        assert db.products.count_documents({}) == 0
+        # Ctrl-C while it waits: the same stop, the same advice.
+        log = tmp_path / "interrupted.log"
+        proc = runner.popen(["reparse", "test_products", *SPIDERS], env, log)
+        try:
+            wait_log(log, "writing items to MongoDB failed", proc)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == 3
+        finally:
+            proc.kill()
+        assert re.search(r"stopped after [1-9]\d* pages: interrupted\. The items written so "
+                         "far stay", log.read_text()), log.read_text()[-2000:]
+
+        # Both stores go away for a while during one run: it waits, then finishes the job.
+        log = tmp_path / "reparse.log"
+        proc = runner.popen(["reparse", "test_products", *SPIDERS, "--batch-size", "20",
+                             "-s", "WEBFARM_STORAGE_RETRY_SECONDS=60"], env, log)
+        try:
+            wait_log(log, "writing items to MongoDB failed", proc)
+            gate.cut()  # S3 unreachable (connections reset and dropped)...
+            mongo_writes("off")  # ...as MongoDB comes back
+            wait_log(log, f"reading blobs from s3://{s3_bucket}/rp failed", proc)
+            time.sleep(1)
+            gate.open = True
+            proc.wait(90)
+        finally:
+            proc.kill()
+        output = log.read_text(errors="replace")
+        assert proc.returncode == 0, output[-3000:]
+        assert "writing items to MongoDB works again" in output
+        assert f"reading blobs from s3://{s3_bucket}/rp works again" in output
+        done = counts(output)
+        assert done["created"] == 36 and done["pages"] == pages and done["errors"] == 0
+        assert "0 missing blobs, 0 damaged" in output
+        assert db.products.count_documents({}) == 36
+        assert web.hits == []
+    finally:
+        mongo_writes("off")
+        gate.close()

@@ -85,6 +85,12 @@ def transient_errors() -> tuple[type[BaseException], ...]:
 TRANSIENT = transient_errors()
 
 
+def backoff_delay(attempt: int, base: float = 0.25, cap: float = 10.0) -> float:
+    """Seconds to wait before retry ``attempt`` (0 first): full jitter, growing to ``cap``,
+    so workers that failed together do not come back together."""
+    return random.uniform(0, min(cap, base * 2 ** attempt))
+
+
 async def retrying(
     call: Callable[[], Awaitable[R]], *, what: str, retry_seconds: float,
     stats: StatsCollector | None = None, stat_prefix: str = "webfarm/storage",
@@ -111,7 +117,7 @@ async def retrying(
                                what, type(exc).__name__, str(exc)[:300], retry_seconds)
             if stats is not None:
                 stats.inc_value(f"{stat_prefix}/retries")
-            delay = random.uniform(0, min(cap, base * 2 ** attempt))
+            delay = backoff_delay(attempt, base, cap)
             attempt += 1
             await asyncio.sleep(min(delay, max(0.0, retry_seconds - elapsed)) + 0.01)
             continue

@@ -11,6 +11,13 @@ ignored; items are stored exactly as a crawl stores them
 (:func:`webfarm.itemstore.make_entry` + :class:`~webfarm.itemstore.ItemStore`),
 with the page's stored URL and content hash, and counted as created, changed
 or unchanged. No Scrapy engine or downloader is ever built.
+
+A store that fails for a while (MongoDB restarting, the S3 endpoint unreachable) is
+waited for, with backoff, for ``WEBFARM_STORAGE_RETRY_SECONDS`` per outage, as a crawl
+waits; the page cursor resumes after the last page read. Past that the run stops with
+:class:`~webfarm.batching.StorageUnavailable`, and running the same command again
+finishes the job (items are upserts). A blob that is not there or does not decompress
+is counted and logged, and its page skipped: it never passes for an empty page.
 """
 
 from __future__ import annotations
@@ -20,15 +27,17 @@ import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from pymongo.errors import ConnectionFailure
 from scrapy import Request, Spider
 from scrapy.http import Headers, Response, TextResponse
 from scrapy.responsetypes import responsetypes
 
-from webfarm.blobstore import BlobStore
+from webfarm.batching import RETRY_SECONDS, TRANSIENT, StorageUnavailable, backoff_delay
+from webfarm.blobstore import BlobDamaged, BlobMissing, BlobStore
 from webfarm.index import IndexStore
 from webfarm.itemstore import (
     CHANGED,
@@ -41,6 +50,7 @@ from webfarm.itemstore import (
 )
 
 logger = logging.getLogger(__name__)
+R = TypeVar("R")
 
 _PROJECTION = ("url", "final_url", "status", "headers", "content_type", "encoding",
                "content_hash", "blob_key", "fetched_at")
@@ -55,6 +65,8 @@ class ReparseStats:
     unchanged: int = 0
     errors: int = 0
     missing_blobs: int = 0
+    damaged_blobs: int = 0
+    retries: int = 0
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -65,7 +77,8 @@ class ReparseStats:
         rate = self.pages / self.seconds if self.seconds > 0 else 0.0
         return (f"reparse: {self.pages} pages, {self.items} items: {self.created} created, "
                 f"{self.changed} changed, {self.unchanged} unchanged; {self.errors} errors, "
-                f"{self.missing_blobs} missing blobs; {self.seconds:.1f}s "
+                f"{self.missing_blobs} missing blobs, {self.damaged_blobs} damaged; "
+                f"{self.retries} store retries; {self.seconds:.1f}s "
                 f"({rate:.0f} pages/s)")
 
 
@@ -97,11 +110,61 @@ def rebuild_response(doc: dict[str, Any], body: bytes) -> Response:
                request=Request(doc["url"]), flags=["reparse"], **kwargs)
 
 
+class Outage:
+    """One store failing during a re-parse: each failure waits (backoff with full jitter)
+    and the call is made again, for at most ``seconds`` from the outage's first failure;
+    then :class:`StorageUnavailable`. A success ends the outage."""
+
+    def __init__(self, what: str, seconds: float, stats: ReparseStats,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.what = what
+        self.seconds = seconds
+        self.stats = stats
+        self.sleep = sleep
+        self.started: float | None = None
+        self.attempt = 0
+
+    def call(self, fn: Callable[[], R], transient: tuple[type[BaseException], ...] = TRANSIENT
+             ) -> R:
+        while True:
+            try:
+                result = fn()
+            except transient as exc:
+                self.failed(exc)
+                continue
+            self.ended()
+            return result
+
+    def failed(self, exc: BaseException) -> None:
+        """Wait before the next attempt, or raise StorageUnavailable past the limit."""
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+            logger.warning("reparse: %s failed (%s: %s); retrying with backoff for up to %gs "
+                           "(WEBFARM_STORAGE_RETRY_SECONDS)", self.what, type(exc).__name__,
+                           str(exc)[:300], self.seconds)
+        elapsed = now - self.started
+        if elapsed >= self.seconds:
+            raise StorageUnavailable(
+                f"{self.what} failed for {elapsed:.1f}s (WEBFARM_STORAGE_RETRY_SECONDS="
+                f"{self.seconds:g}): {type(exc).__name__}: {str(exc)[:300]}") from exc
+        self.stats.retries += 1
+        self.sleep(min(backoff_delay(self.attempt), self.seconds - elapsed) + 0.01)
+        self.attempt += 1
+
+    def ended(self) -> None:
+        if self.started is not None:
+            logger.info("reparse: %s works again after %d retries (%.1fs)", self.what,
+                        self.attempt, time.monotonic() - self.started)
+            self.started, self.attempt = None, 0
+
+
 class Reparser:
     def __init__(
         self, spider: Spider, index: IndexStore, blobs: BlobStore, items: ItemStore,
         batch_size: int = 200, progress_every: int = 500,
         progress: Callable[[ReparseStats], None] | None = None,
+        retry_seconds: float = RETRY_SECONDS, page_batch: int = 500,
     ) -> None:
         self.spider = spider
         self.index = index
@@ -110,17 +173,22 @@ class Reparser:
         self.batch_size = max(1, batch_size)
         self.progress_every = max(1, progress_every)
         self.progress = progress or (lambda s: logger.info("%s", s.line()))
+        self.retry_seconds = retry_seconds
+        self.page_batch = page_batch
+        self.stats = ReparseStats()
         self._bodies: OrderedDict[str, bytes] = OrderedDict()
         callback = getattr(spider, "extract", None) or spider.parse
         self.callback: Callable[[Response], Iterable[Any] | None] = callback
 
     def run(self, since: dt.datetime | None = None, url_pattern: str | None = None
             ) -> ReparseStats:
-        stats = ReparseStats()
+        """Re-parse the matching pages; the stats so far are ``self.stats`` if it raises."""
+        stats = self.stats = ReparseStats()
+        self._index = Outage("reading pages from MongoDB", self.retry_seconds, stats)
+        self._blobs = Outage(f"reading blobs from {self.blobs.uri}", self.retry_seconds, stats)
+        self._items = Outage("writing items to MongoDB", self.retry_seconds, stats)
         pending: list[ItemEntry] = []
-        cursor = self.index.pages.find(page_query(self.spider.name, since, url_pattern),
-                                       dict.fromkeys(_PROJECTION, 1), batch_size=500)
-        for doc in cursor:
+        for doc in self._pages(page_query(self.spider.name, since, url_pattern)):
             stats.pages += 1
             pending += self._page(doc, stats)
             if len(pending) >= self.batch_size:
@@ -131,11 +199,29 @@ class Reparser:
         self._write(pending, stats)
         return stats
 
+    def _pages(self, query: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """The ``pages`` documents in ``_id`` order; a cursor lost to an outage is opened
+        again after the last page read, so no page is skipped or read twice."""
+        last: Any = None
+        while True:
+            where = query if last is None else {**query, "_id": {"$gt": last}}
+            try:
+                with self.index.pages.find(where, dict.fromkeys(_PROJECTION, 1),
+                                           sort=[("_id", 1)], batch_size=self.page_batch
+                                           ) as cursor:
+                    for doc in cursor:
+                        self._index.ended()
+                        last = doc["_id"]
+                        yield doc
+                return
+            except ConnectionFailure as exc:  # only the cursor's: a yield raises nothing
+                self._index.failed(exc)
+
     def _body(self, key: str) -> bytes:
         if key in self._bodies:
             self._bodies.move_to_end(key)
             return self._bodies[key]
-        body = self.blobs.get(key)
+        body = self._blobs.call(lambda: self.blobs.get(key))
         self._bodies[key] = body
         if len(self._bodies) > 64:
             self._bodies.popitem(last=False)
@@ -144,9 +230,14 @@ class Reparser:
     def _page(self, doc: dict[str, Any], stats: ReparseStats) -> list[ItemEntry]:
         try:
             body = self._body(doc["blob_key"])
-        except Exception as exc:  # noqa: BLE001 - a lost blob must not stop the others
+        except BlobMissing as exc:  # one lost blob must not stop the others
             stats.missing_blobs += 1
-            logger.error("reparse: no blob %s for %s (%s)", doc["blob_key"], doc["url"], exc)
+            logger.error("reparse: skipped %s: %s", doc["url"], exc)
+            return []
+        except BlobDamaged as exc:
+            stats.damaged_blobs += 1
+            logger.error("reparse: skipped %s: blob %s is damaged (%s)", doc["url"],
+                         doc["blob_key"], exc)
             return []
         now = dt.datetime.now(dt.timezone.utc)
         entries: list[ItemEntry] = []
@@ -167,7 +258,7 @@ class Reparser:
     def _write(self, entries: list[ItemEntry], stats: ReparseStats) -> None:
         if not entries:
             return
-        for outcome in self.items.write_items(entries):
+        for outcome in self._items.call(lambda: self.items.write_items(entries)):
             stats.items += 1
             if outcome == CREATED:
                 stats.created += 1

@@ -20,6 +20,7 @@ from scrapy.exceptions import UsageError
 from scrapy.utils.conf import arglist_to_dict
 
 from webfarm import config
+from webfarm.batching import StorageUnavailable, batch_options
 from webfarm.blobstore import open_blob_store
 from webfarm.commands._common import BAD_CONFIG, CommandError, report, spider_class
 from webfarm.index import IndexStore
@@ -27,6 +28,7 @@ from webfarm.itemstore import ItemStore, index_fields
 from webfarm.reparse import Reparser, ReparseStats
 
 logger = logging.getLogger("webfarm.reparse")
+STOPPED = 3  # a store stayed down past WEBFARM_STORAGE_RETRY_SECONDS, or Ctrl-C
 
 
 def parse_since(value: str) -> dt.datetime:
@@ -101,19 +103,30 @@ class Command(ScrapyCommand):
         except config.ConfigError as exc:
             raise CommandError(str(exc), BAD_CONFIG) from None
         index = IndexStore(mongo, settings.get("MONGO_DATABASE") or "webfarm")
+        blobs = open_blob_store(blob_uri, endpoint_url=endpoint,
+                                max_attempts=settings.getint("WEBFARM_S3_MAX_ATTEMPTS", 5))
+        reparser = Reparser(
+            spider, index, blobs, ItemStore(index.db, indexes=indexes),
+            batch_size=opts.batch_size, progress_every=opts.progress_every,
+            progress=self._progress, retry_seconds=batch_options(settings)["retry_seconds"],
+        )
         try:
-            reparser = Reparser(
-                spider, index, open_blob_store(blob_uri, endpoint_url=endpoint),
-                ItemStore(index.db, indexes=indexes), batch_size=opts.batch_size,
-                progress_every=opts.progress_every, progress=self._progress,
-            )
             stats = reparser.run(since, opts.url_pattern)
+        except (StorageUnavailable, KeyboardInterrupt) as exc:
+            # Items are upserts: a second run redoes the pages whose items were not
+            # written yet and counts the others unchanged. Nothing is lost.
+            print(reparser.stats.line())
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
+            raise CommandError(
+                f"reparse stopped after {reparser.stats.pages} pages: {why}. The items "
+                "written so far stay; run the same command again to finish (they count as "
+                "unchanged then)", STOPPED) from None
         finally:
             index.close()
         print(stats.line())
         print(f"created={stats.created} changed={stats.changed} unchanged={stats.unchanged} "
               f"pages={stats.pages} items={stats.items} errors={stats.errors}")
-        if stats.errors or stats.missing_blobs:
+        if stats.errors or stats.missing_blobs or stats.damaged_blobs:
             self.exitcode = 1
 
     @staticmethod

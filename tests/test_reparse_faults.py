@@ -1,0 +1,132 @@
+"""``Reparser`` when its stores fail: a real SecantusDB (fail points) and a real blob store.
+
+A store down for a while is waited for and nothing is skipped or read twice; one down for
+longer than the limit stops the run, and a second run finishes it; a blob that is missing
+or damaged skips its page and is counted, and never passes for an empty page.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from pathlib import Path
+
+import pymongo
+import pytest
+from scrapy.utils.test import get_crawler
+
+from tests.spiders.products import ProductsSpider
+from webfarm.batching import StorageUnavailable
+from webfarm.blobstore import FileBlobStore, blob_key
+from webfarm.index import IndexStore
+from webfarm.itemstore import ItemStore
+from webfarm.reparse import Reparser
+from webfarm.urls import url_fingerprint
+
+SHOP = "http://shop.test"
+
+
+@pytest.fixture()
+def index(mongo_uri, mongo_db_name):
+    store = IndexStore(mongo_uri, mongo_db_name)
+    yield store
+    store.client.drop_database(mongo_db_name)
+    store.close()
+
+
+@pytest.fixture()
+def blobs(tmp_path: Path) -> FileBlobStore:
+    return FileBlobStore(tmp_path / "blobs")
+
+
+@pytest.fixture()
+def fail_point(mongo_uri):
+    """``arm(commands, mode, **data)`` sets SecantusDB's ``failCommand``; off at the end.
+    By default the server drops the connection, as one that goes down does."""
+    admin = pymongo.MongoClient(mongo_uri).admin
+
+    def arm(commands: list[str], mode: object, **data: object) -> None:
+        data = data or {"closeConnection": True}
+        admin.command("configureFailPoint", "failCommand", mode=mode,
+                      data={"failCommands": commands, **data})
+
+    yield arm
+    admin.command("configureFailPoint", "failCommand", mode="off")
+    admin.client.close()
+
+
+def store_pages(index: IndexStore, blobs: FileBlobStore, count: int) -> list[str]:
+    """``count`` stored pages of the spider, each with a blob of its own; their URLs."""
+    now = dt.datetime.now(dt.timezone.utc)
+    urls = []
+    for i in range(count):
+        url = f"{SHOP}/page/{i}"
+        body = f"<html><head><title>Page {i}</title></head><body>{i}</body></html>".encode()
+        digest = hashlib.sha256(body).hexdigest()
+        blobs.put_once(blob_key(digest), body, {"url": url})
+        index.pages.insert_one({
+            "_id": url_fingerprint(url), "url": url, "spider": ProductsSpider.name,
+            "status": 200, "content_type": "text/html; charset=utf-8", "encoding": "utf-8",
+            "content_hash": digest, "blob_key": blob_key(digest), "fetched_at": now})
+        urls.append(url)
+    return urls
+
+
+def reparser(index: IndexStore, blobs: FileBlobStore, **kwargs) -> Reparser:
+    spider = ProductsSpider.from_crawler(get_crawler(ProductsSpider), start=f"{SHOP}/")
+    return Reparser(spider, index, blobs, ItemStore(index.db), **kwargs)
+
+
+def titles(index: IndexStore) -> dict[str, str]:
+    return {d["url"]: d["title"] for d in index.db.page_title.find()}
+
+
+def test_a_cursor_lost_mid_run_resumes_after_the_last_page(index, blobs, fail_point):
+    urls = store_pages(index, blobs, 30)
+    fail_point(["getMore"], {"times": 2})  # two of the cursor's next batches fail
+    seen: list[str] = []
+    job = reparser(index, blobs, page_batch=4, batch_size=5)
+    extract = job.callback
+    job.callback = lambda response: (seen.append(response.url), extract(response))[1]
+
+    stats = job.run()
+    assert sorted(seen) == sorted(urls)  # every page once: none skipped, none read twice
+    assert stats.pages == 30 and stats.created == 30 and stats.retries == 2
+    assert set(titles(index)) == set(urls)
+
+
+def test_item_writes_wait_for_mongodb(index, blobs, fail_point):
+    urls = store_pages(index, blobs, 12)
+    fail_point(["insert", "update"], {"times": 3})
+    stats = reparser(index, blobs, batch_size=4).run()
+    assert stats.retries == 3 and stats.errors == 0
+    assert stats.created == 12 and stats.items == 12
+    assert titles(index) == {u: f"Page {u.rsplit('/', 1)[1]}" for u in urls}
+
+
+def test_a_store_down_past_the_limit_stops_the_run_and_a_second_run_finishes(
+        index, blobs, fail_point):
+    urls = store_pages(index, blobs, 12)
+    fail_point(["insert", "update"], "alwaysOn")
+    job = reparser(index, blobs, batch_size=4, retry_seconds=0.5)
+    with pytest.raises(StorageUnavailable, match=r"writing items to MongoDB failed for [\d.]+s "
+                       r"\(WEBFARM_STORAGE_RETRY_SECONDS=0.5\): AutoReconnect"):
+        job.run()
+    assert job.stats.pages == 4 and job.stats.items == 0 and job.stats.retries >= 1
+    assert titles(index) == {}
+
+    fail_point(["insert", "update"], "off")
+    again = reparser(index, blobs, batch_size=4).run()
+    assert again.pages == 12 and again.created == 12 and set(titles(index)) == set(urls)
+
+
+def test_missing_and_damaged_blobs_skip_their_page_and_are_counted(index, blobs, tmp_path):
+    urls = store_pages(index, blobs, 6)
+    docs = {d["url"]: d for d in index.pages.find()}
+    (blobs.root / docs[urls[1]]["blob_key"]).unlink()  # lost
+    damaged = blobs.root / docs[urls[2]]["blob_key"]
+    damaged.write_bytes(damaged.read_bytes()[:-8])  # cut short: zstd would give b"" quietly
+    stats = reparser(index, blobs).run()
+    assert stats.pages == 6 and stats.missing_blobs == 1 and stats.damaged_blobs == 1
+    assert set(titles(index)) == {urls[0], *urls[3:]}  # no item from a page it could not read
+    assert "1 missing blobs, 1 damaged" in stats.line()
