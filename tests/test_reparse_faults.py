@@ -55,13 +55,16 @@ def fail_point(mongo_uri):
     admin.client.close()
 
 
-def store_pages(index: IndexStore, blobs: FileBlobStore, count: int) -> list[str]:
-    """``count`` stored pages of the spider, each with a blob of its own; their URLs."""
+def store_pages(index: IndexStore, blobs: FileBlobStore, count: int, per_body: int = 1
+                ) -> list[str]:
+    """``count`` stored pages of the spider, ``per_body`` URLs sharing each body (mirrors);
+    their URLs."""
     now = dt.datetime.now(dt.timezone.utc)
     urls = []
     for i in range(count):
         url = f"{SHOP}/page/{i}"
-        body = f"<html><head><title>Page {i}</title></head><body>{i}</body></html>".encode()
+        n = i // per_body
+        body = f"<html><head><title>Page {n}</title></head><body>{n}</body></html>".encode()
         digest = hashlib.sha256(body).hexdigest()
         blobs.put_once(blob_key(digest), body, {"url": url})
         index.pages.insert_one({
@@ -82,7 +85,7 @@ def titles(index: IndexStore) -> dict[str, str]:
 
 
 def test_a_cursor_lost_mid_run_resumes_after_the_last_page(index, blobs, fail_point):
-    urls = store_pages(index, blobs, 30)
+    urls = store_pages(index, blobs, 30, per_body=3)  # 3 URLs a body: batches of 4 cut them
     fail_point(["getMore"], {"times": 2})  # two of the cursor's next batches fail
     seen: list[str] = []
     job = reparser(index, blobs, page_batch=4, batch_size=5)

@@ -14,7 +14,7 @@ or unchanged. No Scrapy engine or downloader is ever built.
 
 A store that fails for a while (MongoDB restarting, the S3 endpoint unreachable) is
 waited for, with backoff, for ``WEBFARM_STORAGE_RETRY_SECONDS`` per outage, as a crawl
-waits; the page cursor resumes after the last page read. Past that the run stops with
+waits; the page cursor (in content-hash order) resumes where it was. Past that the run stops with
 :class:`~webfarm.batching.StorageUnavailable`, and running the same command again
 finishes the job (items are upserts). A blob that is not there or does not decompress
 is counted and logged, and its page skipped: it never passes for an empty page.
@@ -85,7 +85,8 @@ class ReparseStats:
 def page_query(spider: str, since: dt.datetime | None = None,
                url_pattern: str | None = None) -> dict[str, Any]:
     """The ``pages`` filter: this spider's stored pages with a blob."""
-    query: dict[str, Any] = {"spider": spider, "blob_key": {"$type": "string"}}
+    query: dict[str, Any] = {"spider": spider, "blob_key": {"$type": "string"},
+                             "content_hash": {"$type": "string"}}
     if since is not None:
         query["fetched_at"] = {"$gte": since}
     if url_pattern:
@@ -187,6 +188,8 @@ class Reparser:
         self._index = Outage("reading pages from MongoDB", self.retry_seconds, stats)
         self._blobs = Outage(f"reading blobs from {self.blobs.uri}", self.retry_seconds, stats)
         self._items = Outage("writing items to MongoDB", self.retry_seconds, stats)
+        # the content_hash index the page cursor runs on (a crawl creates it at its start)
+        self._index.call(self.index.ensure_indexes, (ConnectionFailure,))
         pending: list[ItemEntry] = []
         for doc in self._pages(page_query(self.spider.name, since, url_pattern)):
             stats.pages += 1
@@ -200,18 +203,26 @@ class Reparser:
         return stats
 
     def _pages(self, query: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """The ``pages`` documents in ``_id`` order; a cursor lost to an outage is opened
-        again after the last page read, so no page is skipped or read twice."""
-        last: Any = None
+        """The ``pages`` documents in content-hash order, on its index: the pages that share
+        a body come together, so it is read once (mirrors, URL variants), and a cursor lost
+        to an outage is opened again at the last hash read, skipping the pages of that hash
+        already done: no page is skipped or read twice."""
+        last: str | None = None
+        done: set[Any] = set()  # _ids of the pages read with hash ``last``
         while True:
-            where = query if last is None else {**query, "_id": {"$gt": last}}
+            where = query if last is None else {**query, "content_hash": {"$gte": last}}
             try:
                 with self.index.pages.find(where, dict.fromkeys(_PROJECTION, 1),
-                                           sort=[("_id", 1)], batch_size=self.page_batch
-                                           ) as cursor:
+                                           sort=[("content_hash", 1)],
+                                           hint=[("content_hash", 1)],
+                                           batch_size=self.page_batch) as cursor:
                     for doc in cursor:
                         self._index.ended()
-                        last = doc["_id"]
+                        if doc["content_hash"] != last:
+                            last, done = doc["content_hash"], set()
+                        elif doc["_id"] in done:
+                            continue
+                        done.add(doc["_id"])
                         yield doc
                 return
             except ConnectionFailure as exc:  # only the cursor's: a yield raises nothing
