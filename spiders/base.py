@@ -7,6 +7,7 @@ site spider only its extraction: override :meth:`extract`.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
@@ -74,6 +75,10 @@ class WebfarmSpider(scrapy.Spider):
         if max_pages < 0:
             raise ValueError(f"max_pages={raw!r} must be 0 (no limit) or more")
         check_render_arguments(spargs)  # -a render=, -a render_check= (RenderConfigError)
+        if inspect.iscoroutinefunction(cls.extract) or inspect.isasyncgenfunction(cls.extract):
+            raise ValueError(f"{cls.__name__}.extract is 'async def'; make it a plain 'def' "
+                             "that yields items: the crawl and `scrapy reparse` call it "
+                             "synchronously")
         return {"start": start, "domains": _split(spargs.get("domains")), "max_pages": max_pages}
 
     async def start(self) -> AsyncIterator[Any]:

@@ -9,11 +9,36 @@ import time
 from pathlib import Path
 
 import pymongo
+import pytest
 
 from tests import runner, servers
 from tests.gate import Gate
+from tests.spiders.products import ProductsSpider
 
 SPIDERS = ["-s", "SPIDER_MODULES=spiders,tests.spiders"]
+
+
+class AsyncExtract(ProductsSpider):
+    name = "async_extract"
+
+    async def extract(self, response):
+        yield {"url": response.url}
+
+
+class CoroutineExtract(ProductsSpider):
+    name = "coroutine_extract"
+
+    async def extract(self, response):
+        return [{"url": response.url}]
+
+
+@pytest.mark.parametrize("spider", [AsyncExtract, CoroutineExtract])
+def test_an_async_extract_is_refused_before_anything_starts(spider):
+    """The crawl and reparse call ``check_arguments`` first: one line instead of an error on
+    every page (an async generator is not iterable)."""
+    with pytest.raises(ValueError, match=rf"{spider.__name__}.extract is 'async def'; make it "
+                                         "a plain 'def'"):
+        spider.check_arguments(start="http://shop.test/")
 
 
 def counts(output: str) -> dict[str, int]:
@@ -66,7 +91,9 @@ def test_reparse_reextracts_without_network(web, redis_url, mongo_uri, mongo_db_
 
     later = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)).isoformat()
     none = runner.scrapy(["reparse", "test_products", *SPIDERS, "--since", later], env)
-    assert counts(none.output)["pages"] == 0
+    assert counts(none.output)["pages"] == 0 and none.returncode == 0
+    assert f"no stored page of 'test_products' matched in {mongo_uri}, database " \
+           f"'{mongo_db_name}'; check MONGO_URI" in none.stderr
 
     bad = runner.scrapy(["reparse", "test_products", *SPIDERS, "--since", "yesterday"], env)
     assert bad.returncode == 2 and "not an ISO date" in bad.stderr

@@ -128,6 +128,10 @@ class Command(ScrapyCommand):
               f"pages={stats.pages} items={stats.items} errors={stats.errors}")
         if stats.errors or stats.missing_blobs or stats.damaged_blobs:
             self.exitcode = 1
+        if not stats.pages:  # not an error (a --since in the future), but often a typo
+            where = f"{config.safe_url(mongo)}, database {index.db.name!r}"
+            print(f"webfarm: no stored page of {name!r} matched in {where}; check "
+                  "MONGO_URI, MONGO_DATABASE, --since and --url-pattern", file=sys.stderr)
 
     @staticmethod
     def _progress(stats: ReparseStats) -> None:
