@@ -14,7 +14,7 @@ import pymongo
 import pytest
 
 from webfarm.batching import TRANSIENT
-from webfarm.blobstore import FileBlobStore
+from webfarm.blobstore import BlobMissing, FileBlobStore
 from webfarm.config import ConfigError
 from webfarm.index import IndexStore
 from webfarm.items import PageItem
@@ -145,7 +145,7 @@ def test_errors_come_back_as_themselves_or_as_a_stand_in_of_their_kind(tmp_path)
     blobs = FileBlobStore(tmp_path / "blobs")
 
     async def test(process):
-        with pytest.raises(FileNotFoundError):  # picklable: the store's own exception
+        with pytest.raises(BlobMissing, match="no blob raw/zz/missing"):  # the store's own
             await process.run(blobs.get, "raw/zz/missing")
         with pytest.raises(RemoteStoreError, match=r"Unpicklable: shelf: broken"):
             await process.run(raise_unpicklable)
