@@ -26,7 +26,6 @@ import datetime as dt
 import logging
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -177,7 +176,7 @@ class Reparser:
         self.retry_seconds = retry_seconds
         self.page_batch = page_batch
         self.stats = ReparseStats()
-        self._bodies: OrderedDict[str, bytes] = OrderedDict()
+        self._last: tuple[str, bytes] | None = None  # blob key, body
         callback = getattr(spider, "extract", None) or spider.parse
         self.callback: Callable[[Response], Iterable[Any] | None] = callback
 
@@ -229,14 +228,13 @@ class Reparser:
                 self._index.failed(exc)
 
     def _body(self, key: str) -> bytes:
-        if key in self._bodies:
-            self._bodies.move_to_end(key)
-            return self._bodies[key]
-        body = self._blobs.call(lambda: self.blobs.get(key))
-        self._bodies[key] = body
-        if len(self._bodies) > 64:
-            self._bodies.popitem(last=False)
-        return body
+        """The blob's body; the pages sharing it come one after another (content-hash
+        order), so only the last one read is kept: one read a content, and never more than
+        one body in memory (pages can be DOWNLOAD_MAXSIZE each)."""
+        if self._last is None or self._last[0] != key:
+            self._last = None  # a blob that cannot be read is not the last one read
+            self._last = (key, self._blobs.call(lambda: self.blobs.get(key)))
+        return self._last[1]
 
     def _page(self, doc: dict[str, Any], stats: ReparseStats) -> list[ItemEntry]:
         try:
