@@ -26,7 +26,9 @@ import datetime as dt
 import logging
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -164,7 +166,7 @@ class Reparser:
         self, spider: Spider, index: IndexStore, blobs: BlobStore, items: ItemStore,
         batch_size: int = 200, progress_every: int = 500,
         progress: Callable[[ReparseStats], None] | None = None,
-        retry_seconds: float = RETRY_SECONDS, page_batch: int = 500,
+        retry_seconds: float = RETRY_SECONDS, page_batch: int = 500, blob_reads: int = 8,
     ) -> None:
         self.spider = spider
         self.index = index
@@ -175,8 +177,9 @@ class Reparser:
         self.progress = progress or (lambda s: logger.info("%s", s.line()))
         self.retry_seconds = retry_seconds
         self.page_batch = page_batch
+        self.blob_reads = max(1, blob_reads)  # at once, WEBFARM_BLOB_CONCURRENCY
         self.stats = ReparseStats()
-        self._last: tuple[str, bytes] | None = None  # blob key, body
+        self._reread: tuple[str, bytes] | None = None  # the last body read again, by key
         callback = getattr(spider, "extract", None) or spider.parse
         self.callback: Callable[[Response], Iterable[Any] | None] = callback
 
@@ -190,14 +193,19 @@ class Reparser:
         # the content_hash index the page cursor runs on (a crawl creates it at its start)
         self._index.call(self.index.ensure_indexes, (ConnectionFailure,))
         pending: list[ItemEntry] = []
-        for doc in self._pages(page_query(self.spider.name, since, url_pattern)):
-            stats.pages += 1
-            pending += self._page(doc, stats)
-            if len(pending) >= self.batch_size:
-                self._write(pending, stats)
-                pending = []
-            if stats.pages % self.progress_every == 0:
-                self.progress(stats)
+        pool = ThreadPoolExecutor(self.blob_reads, thread_name_prefix="reparse-blobs")
+        try:
+            pages = self._pages(page_query(self.spider.name, since, url_pattern))
+            for doc, read in self._read_ahead(pages, pool):
+                stats.pages += 1
+                pending += self._page(doc, read, stats)
+                if len(pending) >= self.batch_size:
+                    self._write(pending, stats)
+                    pending = []
+                if stats.pages % self.progress_every == 0:
+                    self.progress(stats)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         self._write(pending, stats)
         return stats
 
@@ -227,18 +235,40 @@ class Reparser:
             except ConnectionFailure as exc:  # only the cursor's: a yield raises nothing
                 self._index.failed(exc)
 
-    def _body(self, key: str) -> bytes:
-        """The blob's body; the pages sharing it come one after another (content-hash
-        order), so only the last one read is kept: one read a content, and never more than
-        one body in memory (pages can be DOWNLOAD_MAXSIZE each)."""
-        if self._last is None or self._last[0] != key:
-            self._last = None  # a blob that cannot be read is not the last one read
-            self._last = (key, self._blobs.call(lambda: self.blobs.get(key)))
-        return self._last[1]
+    def _read_ahead(self, docs: Iterator[dict[str, Any]], pool: ThreadPoolExecutor
+                    ) -> Iterator[tuple[dict[str, Any], Future[bytes]]]:
+        """Each page with the read of its body, started up to ``2 * blob_reads`` pages
+        ahead, ``blob_reads`` at once: an S3 read is a round trip, and one at a time a
+        20 ms endpoint gave 72 pages/s. The pages that share a body come together (content
+        hash order) and share one read; the window bounds the bodies held in memory."""
+        window: deque[tuple[dict[str, Any], Future[bytes]]] = deque()
+        key: str | None = None
+        read: Future[bytes] | None = None
+        for doc in docs:
+            if read is None or doc["blob_key"] != key:
+                key = doc["blob_key"]
+                read = pool.submit(self.blobs.get, key)
+            window.append((doc, read))
+            if len(window) > 2 * self.blob_reads:
+                yield window.popleft()
+        yield from window
 
-    def _page(self, doc: dict[str, Any], stats: ReparseStats) -> list[ItemEntry]:
+    def _body(self, key: str, read: Future[bytes]) -> bytes:
+        """The body a read ahead got. One that failed for now (an outage, a blip) is read
+        again here, where an outage is waited out; a missing or damaged blob raises."""
+        if self._reread is not None and self._reread[0] == key:
+            return self._reread[1]
         try:
-            body = self._body(doc["blob_key"])
+            return read.result()
+        except TRANSIENT:
+            body = self._blobs.call(lambda: self.blobs.get(key))
+            self._reread = (key, body)
+            return body
+
+    def _page(self, doc: dict[str, Any], read: Future[bytes], stats: ReparseStats
+              ) -> list[ItemEntry]:
+        try:
+            body = self._body(doc["blob_key"], read)
         except BlobMissing as exc:  # one lost blob must not stop the others
             stats.missing_blobs += 1
             logger.error("reparse: skipped %s: %s", doc["url"], exc)

@@ -103,12 +103,14 @@ class Command(ScrapyCommand):
         except config.ConfigError as exc:
             raise CommandError(str(exc), BAD_CONFIG) from None
         index = IndexStore(mongo, settings.get("MONGO_DATABASE") or "webfarm")
-        blobs = open_blob_store(blob_uri, endpoint_url=endpoint,
+        reads = settings.getint("WEBFARM_BLOB_CONCURRENCY", 8)
+        blobs = open_blob_store(blob_uri, endpoint_url=endpoint, max_connections=reads,
                                 max_attempts=settings.getint("WEBFARM_S3_MAX_ATTEMPTS", 5))
         reparser = Reparser(
             spider, index, blobs, ItemStore(index.db, indexes=indexes),
             batch_size=opts.batch_size, progress_every=opts.progress_every,
             progress=self._progress, retry_seconds=batch_options(settings)["retry_seconds"],
+            blob_reads=reads,
         )
         try:
             stats = reparser.run(since, opts.url_pattern)

@@ -1,6 +1,7 @@
-"""``Reparser`` when its stores fail: a real SecantusDB (fail points) and a real blob store.
+"""``Reparser`` in process, on a real SecantusDB (fail points) and a real blob store.
 
-A store down for a while is waited for and nothing is skipped or read twice; one down for
+It reads bodies ahead, a bounded number at once, one read for the pages that share a body.
+A store down for a while is waited for and no page is skipped or read twice; one down for
 longer than the limit stops the run, and a second run finishes it; a blob that is missing
 or damaged skips its page and is counted, and never passes for an empty page.
 """
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import threading
+import time
 from pathlib import Path
 
 import pymongo
@@ -133,3 +136,34 @@ def test_missing_and_damaged_blobs_skip_their_page_and_are_counted(index, blobs,
     assert stats.pages == 6 and stats.missing_blobs == 1 and stats.damaged_blobs == 1
     assert set(titles(index)) == {urls[0], *urls[3:]}  # no item from a page it could not read
     assert "1 missing blobs, 1 damaged" in stats.line()
+
+
+class CountingStore(FileBlobStore):
+    """The real file store, counting reads and how many run at once (each takes 20 ms,
+    a far S3 endpoint's round trip)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.reads = self.active = self.peak = 0
+        self.lock = threading.Lock()
+
+    def get(self, key: str) -> bytes:
+        with self.lock:
+            self.reads += 1
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        try:
+            time.sleep(0.02)
+            return super().get(key)
+        finally:
+            with self.lock:
+                self.active -= 1
+
+
+def test_bodies_are_read_ahead_a_bounded_number_at_once_one_read_a_body(index, tmp_path):
+    blobs = CountingStore(tmp_path / "blobs")
+    urls = store_pages(index, blobs, 40, per_body=2)
+    stats = reparser(index, blobs, blob_reads=4).run()
+    assert stats.pages == 40 and stats.created == 40 and set(titles(index)) == set(urls)
+    assert blobs.reads == 20  # the two pages of a body share its read
+    assert blobs.peak == 4  # reads overlap, never more than blob_reads at once
