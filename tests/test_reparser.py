@@ -87,9 +87,14 @@ def titles(index: IndexStore) -> dict[str, str]:
     return {d["url"]: d["title"] for d in index.db.page_title.find()}
 
 
-def test_a_cursor_lost_mid_run_resumes_after_the_last_page(index, blobs, fail_point):
+@pytest.mark.parametrize(("failure", "retries"), [
+    ({"closeConnection": True}, 2),  # the server went away: waited out as an outage
+    ({"errorCode": 43}, 0),  # CursorNotFound: it timed the cursor out (idle 10 min)
+])
+def test_a_cursor_lost_mid_run_resumes_after_the_last_page(index, blobs, fail_point, failure,
+                                                            retries):
     urls = store_pages(index, blobs, 30, per_body=3)  # 3 URLs a body: batches of 4 cut them
-    fail_point(["getMore"], {"times": 2})  # two of the cursor's next batches fail
+    fail_point(["getMore"], {"times": 2}, **failure)  # two of the cursor's next batches fail
     seen: list[str] = []
     job = reparser(index, blobs, page_batch=4, batch_size=5)
     extract = job.callback
@@ -97,7 +102,7 @@ def test_a_cursor_lost_mid_run_resumes_after_the_last_page(index, blobs, fail_po
 
     stats = job.run()
     assert sorted(seen) == sorted(urls)  # every page once: none skipped, none read twice
-    assert stats.pages == 30 and stats.created == 30 and stats.retries == 2
+    assert stats.pages == 30 and stats.created == 30 and stats.retries == retries
     assert set(titles(index)) == set(urls)
 
 

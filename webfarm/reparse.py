@@ -32,7 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pymongo.errors import ConnectionFailure
+from pymongo.errors import ConnectionFailure, CursorNotFound
 from scrapy import Request, Spider
 from scrapy.http import Headers, Response, TextResponse
 from scrapy.responsetypes import responsetypes
@@ -234,13 +234,16 @@ class Reparser:
                 return
             except ConnectionFailure as exc:  # only the cursor's: a yield raises nothing
                 self._index.failed(exc)
+            except CursorNotFound:  # the server dropped it, idle for 10 min (a long outage)
+                logger.info("reparse: the page cursor timed out on the server; reopened")
 
     def _read_ahead(self, docs: Iterator[dict[str, Any]], pool: ThreadPoolExecutor
                     ) -> Iterator[tuple[dict[str, Any], Future[bytes]]]:
         """Each page with the read of its body, started up to ``2 * blob_reads`` pages
         ahead, ``blob_reads`` at once: an S3 read is a round trip, and one at a time a
-        20 ms endpoint gave 72 pages/s. The pages that share a body come together (content
-        hash order) and share one read; the window bounds the bodies held in memory."""
+        20 ms endpoint gave 75 pages/s (bench/bench_reparse.py). The pages that share a
+        body come together (content-hash order) and share one read; the window bounds
+        the bodies held in memory."""
         window: deque[tuple[dict[str, Any], Future[bytes]]] = deque()
         key: str | None = None
         read: Future[bytes] | None = None
