@@ -80,11 +80,21 @@ def test_reparse_reextracts_without_network(web, redis_url, mongo_uri, mongo_db_
 
     # A better extractor (prices in cents) over one category's product pages; two items lost.
     db.products.delete_many({"_id": {"$in": ["WF01-0001", "WF01-0002"]}})
-    second = runner.scrapy(["reparse", "test_products", "-a", "variant=cents", *SPIDERS,
-                            "--url-pattern", r"^http://[^/]+/product/WF01-"], env)
+    cents = ["reparse", "test_products", "-a", "variant=cents", *SPIDERS, "--url-pattern",
+             r"^http://[^/]+/product/WF01-"]
+    expected = {"created": 2, "changed": 10, "unchanged": 24, "pages": 12, "items": 36,
+                "errors": 0}
+    preview = runner.scrapy([*cents, "--dry-run", "--show-changes", "3"], env)
+    assert preview.returncode == 0, preview.output[-3000:]
+    assert counts(preview.output) == expected and "(dry run: nothing written)" in preview.output
+    shown = re.findall(r"would change products '(WF01-\d+)': price: '\$[\d.,]+' -> '\d+'",
+                       preview.output)
+    assert len(shown) == 3, preview.output[-3000:]
+    assert db.products.find_one({"_id": "WF01-0003"})["extractor_version"] == "1"
+    assert db.products.count_documents({}) == shop_skus - 2  # the dry run wrote nothing
+    second = runner.scrapy(cents, env)
     assert second.returncode == 0, second.output[-3000:]
-    assert counts(second.output) == {"created": 2, "changed": 10, "unchanged": 24, "pages": 12,
-                                     "items": 36, "errors": 0}
+    assert counts(second.output) == expected
     cents = db.products.find_one({"_id": "WF01-0003"})
     assert cents["price"].isdigit() and cents["extractor_version"] == "2"
     assert db.products.find_one({"_id": "WF02-0001"})["extractor_version"] == "1"

@@ -58,16 +58,20 @@ def fail_point(mongo_uri):
     admin.client.close()
 
 
-def store_pages(index: IndexStore, blobs: FileBlobStore, count: int, per_body: int = 1
-                ) -> list[str]:
+def store_pages(index: IndexStore, blobs: FileBlobStore, count: int, per_body: int = 1,
+                skus: int = 0) -> list[str]:
     """``count`` stored pages of the spider, ``per_body`` URLs sharing each body (mirrors);
-    their URLs."""
+    with ``skus``, each page shows one product of that many (SKU ``S<n % skus>``). Their
+    URLs."""
     now = dt.datetime.now(dt.timezone.utc)
     urls = []
     for i in range(count):
         url = f"{SHOP}/page/{i}"
         n = i // per_body
-        body = f"<html><head><title>Page {n}</title></head><body>{n}</body></html>".encode()
+        product = (f'<article class="product"><h1>Thing {n % skus}</h1><p class="sku">SKU: '
+                   f'S{n % skus}</p><p class="price">$1.00</p></article>') if skus else ""
+        body = (f"<html><head><title>Page {n}</title></head><body>{product}<p>{n}</p></body>"
+                "</html>").encode()
         digest = hashlib.sha256(body).hexdigest()
         blobs.put_once(blob_key(digest), body, {"url": url})
         index.pages.insert_one({
@@ -172,3 +176,29 @@ def test_bodies_are_read_ahead_a_bounded_number_at_once_one_read_a_body(index, t
     assert stats.pages == 40 and stats.created == 40 and set(titles(index)) == set(urls)
     assert blobs.reads == 20  # the two pages of a body share its read
     assert blobs.peak == 4  # reads overlap, never more than blob_reads at once
+
+
+def test_a_dry_run_counts_what_a_run_would_do_and_writes_nothing(index, blobs, caplog):
+    store_pages(index, blobs, 12, skus=3)  # 12 titles; 3 products and 3 skus_seen, 4 times each
+
+    def run(dry: bool) -> dict[str, int]:
+        s = reparser(index, blobs, batch_size=5, dry_run=dry).run()
+        return {"created": s.created, "changed": s.changed, "unchanged": s.unchanged}
+
+    def stored() -> list[dict]:
+        return [d for c in ("page_title", "products", "skus_seen") for d in index.db[c].find()]
+
+    # Nothing stored yet: a product met again in a later batch counts as a run counts it.
+    first = {"created": 18, "changed": 0, "unchanged": 18}
+    assert run(True) == first and stored() == []
+    assert run(False) == first and len(stored()) == 18
+
+    # An older extractor's price on one product, and a title lost.
+    index.db.products.update_one({"_id": "S0"}, {"$set": {"price": "$9.99", "item_hash": "x"}})
+    index.db.page_title.delete_one({"_id": f"{SHOP}/page/0"})
+    before = stored()
+    caplog.set_level("INFO", logger="webfarm.reparse")
+    preview = run(True)
+    assert preview == {"created": 1, "changed": 1, "unchanged": 34} and stored() == before
+    assert "would change products 'S0': price: '$9.99' -> '$1.00'" in caplog.text
+    assert run(False) == preview  # the real run does what the dry run said

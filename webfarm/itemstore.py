@@ -208,6 +208,31 @@ class ItemStore:
                 write_unordered(coll, [self._upsert(*retry[i]) for i in dup])
         return results
 
+    def preview_items(self, entries: list[ItemEntry], written: dict[tuple[str, str], str]
+                      ) -> list[tuple[str, dict[str, Any] | None]]:
+        """What :meth:`write_items` would do, writing nothing (``scrapy reparse --dry-run``):
+        per entry its outcome and the stored document it would replace. ``written`` stands
+        for the earlier previews' writes, ``(collection, key) -> item_hash``, and gets this
+        batch's created and changed items (unchanged ones are as stored: not kept)."""
+        results: list[tuple[str, dict[str, Any] | None]] = []
+        by_coll: dict[str, list[ItemEntry]] = {}
+        for entry in entries:
+            by_coll.setdefault(entry.collection, []).append(entry)
+        found: dict[tuple[str, str], dict[str, Any]] = {}
+        for name, group in by_coll.items():
+            for doc in self.db[name].find({"_id": {"$in": [e.key for e in group]}}):
+                found[(name, self._k(doc["_id"]))] = doc
+        for entry in entries:
+            at = (entry.collection, self._k(entry.key))
+            digest, stored = item_hash(entry.fields), found.get(at)
+            before = written.get(at, stored.get("item_hash") if stored else None)
+            outcome = (CREATED if before is None and stored is None
+                       else UNCHANGED if before == digest else CHANGED)
+            if outcome != UNCHANGED:
+                written[at] = digest
+            results.append((outcome, stored))
+        return results
+
     @staticmethod
     def _upsert(key: Any, doc: dict[str, Any], at: dt.datetime) -> UpdateOne:
         return UpdateOne({"_id": key}, {"$set": doc, "$setOnInsert": {"first_extracted_at": at}},

@@ -53,6 +53,9 @@ from webfarm.itemstore import (
 logger = logging.getLogger(__name__)
 R = TypeVar("R")
 
+# what the item store adds to an item's fields (webfarm/itemstore.py)
+_STORED_ONLY = frozenset({"_id", "source_url", "content_hash", "extracted_at", "extractor_version",
+                          "item_hash", "changed_at", "first_extracted_at"})
 _PROJECTION = ("url", "final_url", "status", "headers", "content_type", "encoding",
                "content_hash", "blob_key", "fetched_at")
 
@@ -112,6 +115,21 @@ def rebuild_response(doc: dict[str, Any], body: bytes) -> Response:
                request=Request(doc["url"]), flags=["reparse"], **kwargs)
 
 
+def describe_change(entry: ItemEntry, stored: dict[str, Any] | None, width: int = 60) -> str:
+    """``collection key: field: old -> new; ...``, values cut to ``width`` characters."""
+
+    def cut(value: Any) -> str:
+        text = repr(value)
+        return text if len(text) <= width else text[:width - 3] + "..."
+
+    old = stored or {}
+    fields = sorted(set(entry.fields) | {k for k in old if k not in _STORED_ONLY})
+    diffs = [f"{name}: {cut(old.get(name))} -> {cut(entry.fields.get(name))}"
+             for name in fields if old.get(name) != entry.fields.get(name)]
+    same = "(the same fields; stored without item_hash)"
+    return f"{entry.collection} {cut(entry.key)}: " + ("; ".join(diffs) or same)
+
+
 class Outage:
     """One store failing during a re-parse: each failure waits (backoff with full jitter)
     and the call is made again, for at most ``seconds`` from the outage's first failure;
@@ -167,6 +185,7 @@ class Reparser:
         batch_size: int = 200, progress_every: int = 500,
         progress: Callable[[ReparseStats], None] | None = None,
         retry_seconds: float = RETRY_SECONDS, page_batch: int = 500, blob_reads: int = 8,
+        dry_run: bool = False, show_changes: int = 10,
     ) -> None:
         self.spider = spider
         self.index = index
@@ -178,6 +197,12 @@ class Reparser:
         self.retry_seconds = retry_seconds
         self.page_batch = page_batch
         self.blob_reads = max(1, blob_reads)  # at once, WEBFARM_BLOB_CONCURRENCY
+        # dry run: nothing written; the first show_changes changed items are logged, field by
+        # field, and what the run would have written is kept to count as a run would
+        self.dry_run = dry_run
+        self.show_changes = show_changes
+        self._written: dict[tuple[str, str], str] = {}
+        self._shown = 0
         self.stats = ReparseStats()
         self._reread: tuple[str, bytes] | None = None  # the last body read again, by key
         callback = getattr(spider, "extract", None) or spider.parse
@@ -300,7 +325,16 @@ class Reparser:
     def _write(self, entries: list[ItemEntry], stats: ReparseStats) -> None:
         if not entries:
             return
-        for outcome in self._items.call(lambda: self.items.write_items(entries)):
+        if self.dry_run:
+            previews = self._items.call(lambda: self.items.preview_items(entries, self._written))
+            outcomes = [outcome for outcome, _ in previews]
+            for entry, (outcome, stored) in zip(entries, previews, strict=True):
+                if outcome == CHANGED and self._shown < self.show_changes:
+                    self._shown += 1
+                    logger.info("reparse: would change %s", describe_change(entry, stored))
+        else:
+            outcomes = self._items.call(lambda: self.items.write_items(entries))
+        for outcome in outcomes:
             stats.items += 1
             if outcome == CREATED:
                 stats.created += 1

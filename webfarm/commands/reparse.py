@@ -60,6 +60,11 @@ class Command(ScrapyCommand):
                             help="log a progress line every N pages (default 500)")
         parser.add_argument("--batch-size", type=int, default=200, metavar="N",
                             help="items per bulk write (default 200)")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="write nothing: count what a run would create and change, "
+                                 "and log the first changed items field by field")
+        parser.add_argument("--show-changes", type=int, default=10, metavar="N",
+                            help="with --dry-run, changed items to log (default 10)")
 
     def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
         super().process_options(args, opts)
@@ -110,7 +115,7 @@ class Command(ScrapyCommand):
             spider, index, blobs, ItemStore(index.db, indexes=indexes),
             batch_size=opts.batch_size, progress_every=opts.progress_every,
             progress=self._progress, retry_seconds=batch_options(settings)["retry_seconds"],
-            blob_reads=reads,
+            blob_reads=reads, dry_run=opts.dry_run, show_changes=opts.show_changes,
         )
         try:
             stats = reparser.run(since, opts.url_pattern)
@@ -127,7 +132,8 @@ class Command(ScrapyCommand):
             index.close()
         print(stats.line())
         print(f"created={stats.created} changed={stats.changed} unchanged={stats.unchanged} "
-              f"pages={stats.pages} items={stats.items} errors={stats.errors}")
+              f"pages={stats.pages} items={stats.items} errors={stats.errors}"
+              + (" (dry run: nothing written)" if opts.dry_run else ""))
         if stats.errors or stats.missing_blobs or stats.damaged_blobs:
             self.exitcode = 1
         if not stats.pages:  # not an error (a --since in the future), but often a typo
