@@ -1,12 +1,19 @@
-"""The write batcher that the index and item pipelines share (webfarm/batching.py)."""
+"""The write batcher that the index and item pipelines share (webfarm/batching.py), and
+the item pipeline's batches when a write is retried."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 
+import pymongo
 from scrapy.utils.test import get_crawler
 
+from pipelines.items import ItemStorePipeline
 from webfarm.batching import Batcher
+from webfarm.index import IndexStore
+from webfarm.itemstore import ItemStore, make_entry
+from webfarm.threads import StorageThreads
 
 
 def test_a_batch_does_not_wait_for_entries_that_cannot_come():
@@ -38,3 +45,35 @@ def test_a_batch_does_not_wait_for_entries_that_cannot_come():
     assert done == ["a", "b", "c"]
     assert written == [["a", "b", "c"]]
     assert crawler.stats.get_value("t/idle_batches") == 1
+
+
+def test_an_item_batch_retried_after_part_of_it_landed_counts_as_its_first_try(
+        mongo_uri, mongo_db_name):
+    """A connection lost between the insert and the update commands of one bulk write: the
+    batcher retries the batch, which then finds its own inserts. The crawl's item counts
+    stay those of a write that never failed."""
+    crawler = get_crawler()
+    index = IndexStore(mongo_uri, mongo_db_name)
+    store = ItemStore(index.db)
+    now = dt.datetime.now(dt.timezone.utc)
+    entries = [make_entry({"_collection": "things", "_key": "k", "k": i}, None, "http://x/",
+                          None, now) for i in range(3)]
+    earlier = make_entry({"_collection": "things", "_key": "k", "k": 0}, None, "http://x/", None,
+                         now - dt.timedelta(minutes=1))
+    store.write_items([earlier])  # k=0 is stored (an update); k=1, 2 are new (inserts)
+    admin = pymongo.MongoClient(mongo_uri).admin
+    admin.command("configureFailPoint", "failCommand", mode={"times": 1},
+                  data={"failCommands": ["update"], "closeConnection": True})
+    pipeline = ItemStorePipeline(crawler, store, crawler.stats, StorageThreads(2), hasher=None,
+                                 batch_size=3, batch_seconds=0.05, retry_seconds=30)
+
+    async def submit() -> list[str]:
+        return list(await asyncio.gather(*(pipeline.batcher.submit(e) for e in entries)))
+
+    try:
+        assert asyncio.run(submit()) == ["unchanged", "created", "created"]
+        assert crawler.stats.get_value("webfarm/items/retries") == 1
+    finally:
+        admin.command("configureFailPoint", "failCommand", mode="off")
+        index.client.drop_database(mongo_db_name)
+        index.close()

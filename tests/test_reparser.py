@@ -22,7 +22,7 @@ from tests.spiders.products import ProductsSpider
 from webfarm.batching import StorageUnavailable
 from webfarm.blobstore import FileBlobStore, blob_key
 from webfarm.index import IndexStore
-from webfarm.itemstore import ItemStore
+from webfarm.itemstore import _CREATED_HERE, ItemStore, _before_batch, item_hash, make_entry
 from webfarm.reparse import Reparser
 from webfarm.urls import url_fingerprint
 
@@ -202,3 +202,37 @@ def test_a_dry_run_counts_what_a_run_would_do_and_writes_nothing(index, blobs, c
     assert preview == {"created": 1, "changed": 1, "unchanged": 34} and stored() == before
     assert "would change products 'S0': price: '$9.99' -> '$1.00'" in caplog.text
     assert run(False) == preview  # the real run does what the dry run said
+
+
+def test_a_write_retried_after_part_of_it_landed_counts_as_its_first_attempt(
+        index, blobs, fail_point):
+    store_pages(index, blobs, 12, skus=3)
+    reparser(index, blobs).run()
+    index.db.products.update_one({"_id": "S0"}, {"$set": {"price": "$9.99", "item_hash": "x"}})
+    index.db.page_title.delete_many({"_id": {"$in": [f"{SHOP}/page/0", f"{SHOP}/page/1"]}})
+    # One bulk write: its insert command (the 2 lost titles) lands, its update command fails.
+    fail_point(["update"], {"times": 1})
+    stats = reparser(index, blobs, batch_size=100).run()
+    assert stats.retries == 1
+    assert (stats.created, stats.changed, stats.unchanged) == (2, 1, 33)  # as with no failure
+    assert index.db.products.find_one({"_id": "S0"})["price"] == "$1.00"
+
+
+@pytest.mark.parametrize(("stamps", "before"), [
+    ({"first_extracted_at": 0, "changed_at": 0}, "created here"),  # this batch inserted it
+    ({"first_extracted_at": -60, "changed_at": 0}, "(changed by this batch)"),
+    ({"first_extracted_at": -60, "changed_at": -60}, "stored"),  # rewritten unchanged
+])
+def test_a_batch_tells_its_own_earlier_writes_by_their_timestamps(stamps, before):
+    at = dt.datetime(2026, 12, 5, 10, 0, 0, 123456, tzinfo=dt.timezone.utc)
+    entry = make_entry({"_collection": "c", "_key": "k", "k": 1}, None, "http://x/", None, at)
+    ms = at.replace(microsecond=123000)  # as MongoDB keeps it
+    doc = {"item_hash": item_hash(entry.fields), "extracted_at": ms,
+           **{name: ms + dt.timedelta(seconds=s) for name, s in stamps.items()}}
+    got = _before_batch(doc, entry)
+    assert (got is _CREATED_HERE) if before == "created here" else (
+        got == (doc["item_hash"] if before == "stored" else before))
+    # Written by another batch (another time, or other fields): the stored hash, as it is.
+    assert _before_batch({**doc, "extracted_at": ms - dt.timedelta(milliseconds=1)},
+                         entry) == doc["item_hash"]
+    assert _before_batch({**doc, "item_hash": "other"}, entry) == "other"

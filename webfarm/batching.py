@@ -244,7 +244,10 @@ def engine_idle(crawler: Crawler) -> Callable[[], bool]:
     and a batch that waits its ``quiet`` period for one only delays its write (and the
     acks of its requests). False outside a crawl (no engine)."""
     def idle() -> bool:
-        engine = crawler.engine
+        try:
+            engine = crawler.engine
+        except RuntimeError:  # Scrapy 2.19 raises before the crawl has started
+            return False
         if engine is None or engine.downloader.active:
             return False
         slot = engine.scraper.slot

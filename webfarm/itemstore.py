@@ -128,6 +128,37 @@ def index_fields(settings: Any) -> tuple[str, ...]:
     return names
 
 
+_SEEN = {"item_hash": 1, "extracted_at": 1, "first_extracted_at": 1, "changed_at": 1}
+_CREATED_HERE = object()
+_CHANGED_HERE = "(changed by this batch)"  # an item hash no entry has
+
+
+def _before_batch(doc: dict[str, Any], last: ItemEntry) -> Any:
+    """The item hash a stored key had before this batch, for its outcome. A batch retried
+    after some of its writes landed (a connection lost between the insert and the update
+    commands of one bulk write) finds its own writes: a document stored at the time and
+    with the hash of the batch's last entry of that key. Its timestamps then tell whether
+    the batch created it or changed it, so the counts stay those of the first attempt."""
+    at = last.extracted_at
+    if not _same_ms(doc.get("extracted_at"), at) or doc.get("item_hash") != item_hash(
+            last.fields):
+        return doc.get("item_hash")
+    if _same_ms(doc.get("first_extracted_at"), at):
+        return _CREATED_HERE
+    return _CHANGED_HERE if _same_ms(doc.get("changed_at"), at) else doc.get("item_hash")
+
+
+def _same_ms(stored: Any, at: dt.datetime) -> bool:
+    """``stored`` (a BSON date: milliseconds, UTC) is ``at``."""
+    if not isinstance(stored, dt.datetime):
+        return False
+    if stored.tzinfo is None:
+        stored = stored.replace(tzinfo=dt.timezone.utc)
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=dt.timezone.utc)
+    return stored == at.replace(microsecond=at.microsecond // 1000 * 1000)
+
+
 class ItemStore:
     """Bulk upserts of structured items; one result (created/changed/unchanged) per entry."""
 
@@ -169,7 +200,10 @@ class ItemStore:
                 coll.create_index(name)
         self._indexed.add(collection)
 
-    def write_items(self, entries: list[ItemEntry]) -> list[str]:
+    def write_items(self, entries: list[ItemEntry], retried: bool = False) -> list[str]:
+        """Store the entries; each one's outcome. ``retried``: an earlier attempt at these
+        very entries failed, and may have landed in part; their outcomes are then those of
+        the first attempt (see :func:`_before_batch`)."""
         results: list[str] = [UNCHANGED] * len(entries)
         by_coll: dict[str, list[int]] = {}
         for i, entry in enumerate(entries):
@@ -178,9 +212,15 @@ class ItemStore:
             self._ensure_indexes(name, entries[idx[0]].key_fields)
             coll = self.db[name]
             keys = [entries[i].key for i in idx]
-            stored = {self._k(d["_id"]): d.get("item_hash")
-                      for d in coll.find({"_id": {"$in": keys}}, {"item_hash": 1})}
-            missing = {self._k(k) for k in keys} - set(stored)
+            seen = _SEEN if retried else {"item_hash": 1}
+            found = {self._k(d["_id"]): d for d in coll.find({"_id": {"$in": keys}}, seen)}
+            missing = {self._k(k) for k in keys} - set(found)
+            last = {self._k(entries[i].key): entries[i] for i in idx} if retried else {}
+            if retried:
+                stored = {k: before for k, d in found.items()
+                          if (before := _before_batch(d, last[k])) is not _CREATED_HERE}
+            else:
+                stored = {k: d.get("item_hash") for k, d in found.items()}
             docs: dict[str, tuple[Any, dict[str, Any], dt.datetime]] = {}
             for i in idx:
                 entry = entries[i]

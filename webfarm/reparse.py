@@ -23,6 +23,7 @@ is counted and logged, and its page skipped: it never passes for an empty page.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import logging
 import re
 import time
@@ -333,7 +334,9 @@ class Reparser:
                     self._shown += 1
                     logger.info("reparse: would change %s", describe_change(entry, stored))
         else:
-            outcomes = self._items.call(lambda: self.items.write_items(entries))
+            attempts = itertools.count()
+            outcomes = self._items.call(
+                lambda: self.items.write_items(entries, retried=next(attempts) > 0))
         for outcome in outcomes:
             stats.items += 1
             if outcome == CREATED:
