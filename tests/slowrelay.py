@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 
 class SlowRelay:
@@ -45,11 +46,30 @@ class SlowRelay:
                 return
             server = socket.create_connection(self.target)
             self._sockets += [client, server]
-            threading.Thread(target=self._pipe, args=(client, server, 0.0), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, self.delay),
+            ways_left = [2]
+            lock = threading.Lock()
+
+            def one_way_done(pair: tuple[socket.socket, ...] = (client, server),
+                             ways_left: list[int] = ways_left, lock: threading.Lock = lock
+                             ) -> None:
+                """Both ways over: close the pair (a relay that outlives many clients,
+                say one a request, would run out of file descriptors)."""
+                with lock:
+                    ways_left[0] -= 1
+                    if ways_left[0]:
+                        return
+                for sock in pair:
+                    with contextlib.suppress(OSError, ValueError):
+                        sock.close()
+                        self._sockets.remove(sock)
+
+            threading.Thread(target=self._pipe, args=(client, server, 0.0, one_way_done),
+                             daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, self.delay, one_way_done),
                              daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, delay: float) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, delay: float,
+              done: Callable[[], None]) -> None:
         held: deque[tuple[float, bytes]] = deque()
         lock = threading.Condition()
 
@@ -62,11 +82,13 @@ class SlowRelay:
                 if not data:
                     with contextlib.suppress(OSError):
                         dst.shutdown(socket.SHUT_WR)
+                    done()
                     return
                 time.sleep(max(0.0, due - time.monotonic()))
                 try:
                     dst.sendall(data)
                 except OSError:
+                    done()
                     return
 
         threading.Thread(target=sender, daemon=True).start()

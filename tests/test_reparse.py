@@ -13,6 +13,7 @@ import pytest
 
 from tests import runner, servers
 from tests.gate import Gate
+from tests.slowrelay import SlowRelay
 from tests.spiders.products import ProductsSpider
 
 SPIDERS = ["-s", "SPIDER_MODULES=spiders,tests.spiders"]
@@ -107,6 +108,12 @@ def test_reparse_reextracts_without_network(web, redis_url, mongo_uri, mongo_db_
 
     bad = runner.scrapy(["reparse", "test_products", *SPIDERS, "--since", "yesterday"], env)
     assert bad.returncode == 2 and "not an ISO date" in bad.stderr
+    bad = runner.scrapy(["reparse", "test_products", *SPIDERS, "--shard", "4/4"], env)
+    assert bad.returncode == 2 and "--shard '4/4': use K/N with 0 <= K < N" in bad.stderr
+    # Two shards together re-parse every page once: their counts add up to a whole run's.
+    halves = [counts(runner.scrapy(["reparse", "test_products", *SPIDERS, "--shard", f"{k}/2"],
+                                   env).output) for k in (0, 1)]
+    assert all(h["pages"] for h in halves) and sum(h["pages"] for h in halves) == pages
     assert web.hits == []  # not one request reached the test web, robots.txt included
 
 
@@ -185,6 +192,22 @@ def test_reparse_waits_out_store_outages_and_stops_past_the_limit(
         assert "0 missing blobs, 0 damaged" in output
         assert db.products.count_documents({}) == 36
         assert web.hits == []
+
+        # Ctrl-C while blob reads hang (an endpoint that stopped answering): the reads read
+        # ahead must not hold the exit for their timeouts.
+        with SlowRelay(("127.0.0.1", int(s3_server.url.rsplit(":", 1)[1])), 0.2) as relay:
+            log = tmp_path / "hang.log"
+            proc = runner.popen(["reparse", "test_products", *SPIDERS, "--progress-every", "5"],
+                                {**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{relay.port}"}, log)
+            try:
+                wait_log(log, "reparse: 5 pages", proc)
+                relay.delay = 1000  # every reply from now on is held
+                time.sleep(1)
+                proc.send_signal(signal.SIGINT)
+                assert proc.wait(15) == 3
+            finally:
+                proc.kill()
+        assert "stopped after" in log.read_text() and ": interrupted." in log.read_text()
     finally:
         mongo_writes("off")
         gate.close()

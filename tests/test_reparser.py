@@ -23,7 +23,7 @@ from webfarm.batching import StorageUnavailable
 from webfarm.blobstore import FileBlobStore, blob_key
 from webfarm.index import IndexStore
 from webfarm.itemstore import _CREATED_HERE, ItemStore, _before_batch, item_hash, make_entry
-from webfarm.reparse import Reparser
+from webfarm.reparse import Reparser, shard_range
 from webfarm.urls import url_fingerprint
 
 SHOP = "http://shop.test"
@@ -236,3 +236,20 @@ def test_a_batch_tells_its_own_earlier_writes_by_their_timestamps(stamps, before
     assert _before_batch({**doc, "extracted_at": ms - dt.timedelta(milliseconds=1)},
                          entry) == doc["item_hash"]
     assert _before_batch({**doc, "item_hash": "other"}, entry) == "other"
+
+
+def test_shards_share_the_pages_out_each_once(index, blobs):
+    urls = store_pages(index, blobs, 40, per_body=2)
+    seen: list[list[str]] = []
+    for k in range(3):
+        job = reparser(index, blobs)
+        extract, got = job.callback, []
+        job.callback = lambda response, got=got, extract=extract: (
+            got.append(response.url), extract(response))[1]
+        job.run(shard=(k, 3))
+        seen.append(got)
+    assert all(seen) and sorted(u for got in seen for u in got) == sorted(urls)
+    assert set(titles(index)) == set(urls)
+    for bad in ((3, 3), (-1, 2), (0, 0)):
+        with pytest.raises(ValueError, match="use K/N with 0 <= K < N"):
+            shard_range(bad)

@@ -87,11 +87,26 @@ class ReparseStats:
                 f"({rate:.0f} pages/s)")
 
 
+def shard_range(shard: tuple[int, int]) -> dict[str, str]:
+    """The content hashes of shard ``k`` of ``n`` (0 <= k < n): a slice of the hex space,
+    cut on the first 8 digits, so ``n`` re-parse processes share the pages without
+    talking to each other, each on its own range of the content-hash index."""
+    k, n = shard
+    if not 0 <= k < n:
+        raise ValueError(f"shard {k}/{n}: use K/N with 0 <= K < N")
+    bounds = {"$gte": f"{k * 2**32 // n:08x}"}
+    if k + 1 < n:
+        bounds["$lt"] = f"{(k + 1) * 2**32 // n:08x}"
+    return bounds
+
+
 def page_query(spider: str, since: dt.datetime | None = None,
-               url_pattern: str | None = None) -> dict[str, Any]:
-    """The ``pages`` filter: this spider's stored pages with a blob."""
+               url_pattern: str | None = None, shard: tuple[int, int] | None = None
+               ) -> dict[str, Any]:
+    """The ``pages`` filter: this spider's stored pages with a blob (in one shard)."""
     query: dict[str, Any] = {"spider": spider, "blob_key": {"$type": "string"},
-                             "content_hash": {"$type": "string"}}
+                             "content_hash": {"$type": "string",
+                                              **(shard_range(shard) if shard else {})}}
     if since is not None:
         query["fetched_at"] = {"$gte": since}
     if url_pattern:
@@ -209,8 +224,8 @@ class Reparser:
         callback = getattr(spider, "extract", None) or spider.parse
         self.callback: Callable[[Response], Iterable[Any] | None] = callback
 
-    def run(self, since: dt.datetime | None = None, url_pattern: str | None = None
-            ) -> ReparseStats:
+    def run(self, since: dt.datetime | None = None, url_pattern: str | None = None,
+            shard: tuple[int, int] | None = None) -> ReparseStats:
         """Re-parse the matching pages; the stats so far are ``self.stats`` if it raises."""
         stats = self.stats = ReparseStats()
         self._index = Outage("reading pages from MongoDB", self.retry_seconds, stats)
@@ -221,7 +236,7 @@ class Reparser:
         pending: list[ItemEntry] = []
         pool = ThreadPoolExecutor(self.blob_reads, thread_name_prefix="reparse-blobs")
         try:
-            pages = self._pages(page_query(self.spider.name, since, url_pattern))
+            pages = self._pages(page_query(self.spider.name, since, url_pattern, shard))
             for doc, read in self._read_ahead(pages, pool):
                 stats.pages += 1
                 pending += self._page(doc, read, stats)
@@ -243,7 +258,8 @@ class Reparser:
         last: str | None = None
         done: set[Any] = set()  # _ids of the pages read with hash ``last``
         while True:
-            where = query if last is None else {**query, "content_hash": {"$gte": last}}
+            where = query if last is None else {
+                **query, "content_hash": {**query["content_hash"], "$gte": last}}
             try:
                 with self.index.pages.find(where, dict.fromkeys(_PROJECTION, 1),
                                            sort=[("content_hash", 1)],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import os
 import re
 import sys
 from typing import Any, ClassVar
@@ -25,10 +26,21 @@ from webfarm.blobstore import open_blob_store
 from webfarm.commands._common import BAD_CONFIG, CommandError, report, spider_class
 from webfarm.index import IndexStore
 from webfarm.itemstore import ItemStore, index_fields
-from webfarm.reparse import Reparser, ReparseStats
+from webfarm.reparse import Reparser, ReparseStats, shard_range
 
 logger = logging.getLogger("webfarm.reparse")
 STOPPED = 3  # a store stayed down past WEBFARM_STORAGE_RETRY_SECONDS, or Ctrl-C
+
+
+def parse_shard(value: str) -> tuple[int, int]:
+    k, _, n = value.partition("/")
+    try:
+        shard = (int(k), int(n))
+        shard_range(shard)
+    except ValueError:
+        raise CommandError(f"--shard {value!r}: use K/N with 0 <= K < N, e.g. --shard 0/4 "
+                           "to 3/4 for four processes") from None
+    return shard
 
 
 def parse_since(value: str) -> dt.datetime:
@@ -60,6 +72,9 @@ class Command(ScrapyCommand):
                             help="log a progress line every N pages (default 500)")
         parser.add_argument("--batch-size", type=int, default=200, metavar="N",
                             help="items per bulk write (default 200)")
+        parser.add_argument("--shard", metavar="K/N",
+                            help="only shard K of N (0 <= K < N), by content hash: run N "
+                                 "processes, one per shard, to use N cores or machines")
         parser.add_argument("--dry-run", action="store_true",
                             help="write nothing: count what a run would create and change, "
                                  "and log the first changed items field by field")
@@ -85,6 +100,7 @@ class Command(ScrapyCommand):
     def _run(self, name: str, opts: argparse.Namespace) -> None:
         settings = self.settings
         since = parse_since(opts.since) if opts.since else None
+        shard = parse_shard(opts.shard) if opts.shard else None
         if opts.url_pattern:
             try:
                 re.compile(opts.url_pattern)
@@ -118,16 +134,22 @@ class Command(ScrapyCommand):
             blob_reads=reads, dry_run=opts.dry_run, show_changes=opts.show_changes,
         )
         try:
-            stats = reparser.run(since, opts.url_pattern)
+            stats = reparser.run(since, opts.url_pattern, shard)
         except (StorageUnavailable, KeyboardInterrupt) as exc:
             # Items are upserts: a second run redoes the pages whose items were not
             # written yet and counts the others unchanged. Nothing is lost.
             print(reparser.stats.line())
             why = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
-            raise CommandError(
+            report(self, CommandError(
                 f"reparse stopped after {reparser.stats.pages} pages: {why}. The items "
                 "written so far stay; run the same command again to finish (they count as "
-                "unchanged then)", STOPPED) from None
+                "unchanged then)", STOPPED))
+            # Now, not when the blob reads read ahead end: against an endpoint that hangs
+            # they hold a normal exit for read timeout x attempts (minutes). Every item
+            # written so far is acknowledged by MongoDB; the reads are only reads.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(STOPPED)
         finally:
             index.close()
         print(stats.line())
