@@ -235,6 +235,8 @@ class Reparser:
         self._index.call(self.index.ensure_indexes, (ConnectionFailure,))
         pending: list[ItemEntry] = []
         pool = ThreadPoolExecutor(self.blob_reads, thread_name_prefix="reparse-blobs")
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="reparse-items")
+        self._writing: Future[list[str]] | None = None
         try:
             pages = self._pages(page_query(self.spider.name, since, url_pattern, shard))
             for doc, read in self._read_ahead(pages, pool):
@@ -245,9 +247,11 @@ class Reparser:
                     pending = []
                 if stats.pages % self.progress_every == 0:
                     self.progress(stats)
+            self._write(pending, stats)
+            self._flush(stats)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
-        self._write(pending, stats)
+            self._writer.shutdown(wait=False)
         return stats
 
     def _pages(self, query: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -340,20 +344,17 @@ class Reparser:
         return entries
 
     def _write(self, entries: list[ItemEntry], stats: ReparseStats) -> None:
-        if not entries:
-            return
-        if self.dry_run:
-            previews = self._items.call(lambda: self.items.preview_items(entries, self._written))
-            outcomes = [outcome for outcome, _ in previews]
-            for entry, (outcome, stored) in zip(entries, previews, strict=True):
-                if outcome == CHANGED and self._shown < self.show_changes:
-                    self._shown += 1
-                    logger.info("reparse: would change %s", describe_change(entry, stored))
-        else:
-            attempts = itertools.count()
-            outcomes = self._items.call(
-                lambda: self.items.write_items(entries, retried=next(attempts) > 0))
-        for outcome in outcomes:
+        """Hand the batch to the writer thread once the one before it is stored: the next
+        pages are parsed while MongoDB stores this one (on the bench the server's CPU
+        for a batch was twice the parsing's), and batches still land in order."""
+        self._flush(stats)
+        if entries:
+            self._writing = self._writer.submit(self._store, entries)
+
+    def _flush(self, stats: ReparseStats) -> None:
+        """Wait for the batch being written (its errors raise here) and count it."""
+        writing, self._writing = self._writing, None
+        for outcome in writing.result() if writing is not None else ():
             stats.items += 1
             if outcome == CREATED:
                 stats.created += 1
@@ -361,3 +362,16 @@ class Reparser:
                 stats.changed += 1
             elif outcome == UNCHANGED:
                 stats.unchanged += 1
+
+    def _store(self, entries: list[ItemEntry]) -> list[str]:
+        """In the writer thread: each entry's outcome, written or (dry run) previewed."""
+        if not self.dry_run:
+            attempts = itertools.count()
+            return self._items.call(
+                lambda: self.items.write_items(entries, retried=next(attempts) > 0))
+        previews = self._items.call(lambda: self.items.preview_items(entries, self._written))
+        for entry, (outcome, stored) in zip(entries, previews, strict=True):
+            if outcome == CHANGED and self._shown < self.show_changes:
+                self._shown += 1
+                logger.info("reparse: would change %s", describe_change(entry, stored))
+        return [outcome for outcome, _ in previews]
