@@ -12,9 +12,14 @@ ignored; items are stored exactly as a crawl stores them
 with the page's stored URL and content hash, and counted as created, changed
 or unchanged. No Scrapy engine or downloader is ever built.
 
+Pages come in content-hash order (mirrors together: one read a body); bodies are read
+ahead, ``WEBFARM_BLOB_CONCURRENCY`` at once, and items are written by a thread of their
+own while the next pages are parsed. ``--shard K/N`` takes a slice of the hash space;
+``--dry-run`` previews the outcomes and writes nothing.
+
 A store that fails for a while (MongoDB restarting, the S3 endpoint unreachable) is
 waited for, with backoff, for ``WEBFARM_STORAGE_RETRY_SECONDS`` per outage, as a crawl
-waits; the page cursor (in content-hash order) resumes where it was. Past that the run stops with
+waits; the page cursor resumes where it was. Past that the run stops with
 :class:`~webfarm.batching.StorageUnavailable`, and running the same command again
 finishes the job (items are upserts). A blob that is not there or does not decompress
 is counted and logged, and its page skipped: it never passes for an empty page.
