@@ -271,8 +271,14 @@ class IndexStore:
                 {"$inc": {"url_count": step * len(tags)},
                  "$push": {"applied": {"$each": tags, "$slice": -APPLIED_KEEP}}},
             ))
-        if counts:
-            self.contents.bulk_write(counts, ordered=False)
+        if counts and self.contents.bulk_write(counts, ordered=False).matched_count < len(
+                counts) and fresh:
+            # A group's guard found one of its tags applied: another worker re-issued that
+            # page's pending move between our page write and this count. The group's other
+            # moves would be lost with it; each goes again on its own, guarded by its tag.
+            self.contents.bulk_write([self._count_op(content, step, tag)
+                                      for (content, step), tags in fresh.items()
+                                      for tag in tags], ordered=False)
         if moved:  # counted: the next write need not re-issue them (their tags may be gone)
             self.pages.update_many(
                 {"_id": {"$in": list(moved)}, "fetch_id": {"$in": list(moved.values())}},
@@ -286,18 +292,17 @@ class IndexStore:
         insert counted it (see :meth:`_content_doc`), so its move has nothing pending."""
         return b is None and (content or {}).get("first_page_id") == pid
 
+    @classmethod
+    def _count_ops(cls, fetch_id: str, old: str | None, new: str | None) -> list[UpdateOne]:
+        return [cls._count_op(content, step, f"{'+' if step > 0 else '-'}{fetch_id}")
+                for content, step in ((new, 1), (old, -1)) if content]
+
     @staticmethod
-    def _count_ops(fetch_id: str, old: str | None, new: str | None) -> list[UpdateOne]:
-        ops = []
-        for content, step in ((new, 1), (old, -1)):
-            if content:
-                tag = f"{'+' if step > 0 else '-'}{fetch_id}"
-                ops.append(UpdateOne(
-                    {"_id": content, "applied": {"$ne": tag}},
-                    {"$inc": {"url_count": step},
-                     "$push": {"applied": {"$each": [tag], "$slice": -APPLIED_KEEP}}},
-                ))
-        return ops
+    def _count_op(content: str, step: int, tag: str) -> UpdateOne:
+        """One page's move to (+1) or from (-1) ``content``, applied once per ``tag``."""
+        return UpdateOne({"_id": content, "applied": {"$ne": tag}},
+                         {"$inc": {"url_count": step},
+                          "$push": {"applied": {"$each": [tag], "$slice": -APPLIED_KEEP}}})
 
     def _read_contents(self, hashes: set[str]) -> dict[str, dict[str, Any]]:
         if not hashes:
