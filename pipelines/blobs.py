@@ -71,7 +71,8 @@ class BlobStorePipeline:
     async def close_spider(self) -> None:
         await self.batcher.flush()
 
-    async def _write(self, writes: list[_Write]) -> list[bool]:
+    async def _write(self, writes: list[_Write], retried: bool) -> list[bool]:
+        # ``retried`` needs no handling: each write keeps whether it landed (``written``).
         first: dict[str, _Write] = {}  # one write per key: the others find it there
         for w in writes:
             if w.written is None:

@@ -69,7 +69,8 @@ class IndexPipeline:
         await self.batcher.flush()
         self.store.close()
 
-    async def _write(self, pages: list[PageItem]) -> list[PageRecord]:
+    async def _write(self, pages: list[PageItem], retried: bool) -> list[PageRecord]:
+        # ``retried`` needs no handling: a page's fetch id makes a re-issue count once.
         # The index needs a body's size, not the body, and never the pending hash's future
         # (the pages may go to the storage process).
         docs = [{**vars(p), "body": b"", "body_size": len(p.body), "hashing": None}

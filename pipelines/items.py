@@ -43,7 +43,6 @@ class ItemStorePipeline:
         self.stats = stats
         self.threads = threads
         self.hasher = hasher
-        self._failed: set[int] = set()  # id() of the batches whose write failed
         self.batcher: Batcher[ItemEntry, str] = Batcher(
             self._write, size=batch_size, seconds=batch_seconds, retry_seconds=retry_seconds,
             what="item write", stats=stats, stat_prefix="webfarm/items", writers=writers,
@@ -64,14 +63,10 @@ class ItemStorePipeline:
         await self.batcher.flush()
         self.store.close()
 
-    async def _write(self, entries: list[ItemEntry]) -> list[str]:
-        # The batcher retries a failed batch with the same list: a retried write may find
-        # part of itself landed, which write_items(retried=True) counts as the first try.
-        retried = id(entries) in self._failed
-        self._failed.add(id(entries))
-        outcomes = await self.threads.run(self.store.write_items, entries, retried)
-        self._failed.discard(id(entries))
-        return outcomes
+    async def _write(self, entries: list[ItemEntry], retried: bool) -> list[str]:
+        # A retried write may find part of itself landed: write_items counts it as the
+        # first attempt would.
+        return await self.threads.run(self.store.write_items, entries, retried)
 
     async def process_item(self, item: Any) -> Any:
         if isinstance(item, PageItem):

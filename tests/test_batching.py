@@ -23,7 +23,7 @@ def test_a_batch_does_not_wait_for_entries_that_cannot_come():
     written: list[list[str]] = []
     crawler = get_crawler()
 
-    async def write(entries: list[str]) -> list[str]:
+    async def write(entries: list[str], retried: bool) -> list[str]:
         written.append(list(entries))
         return entries
 

@@ -25,6 +25,7 @@ store is retried with exponential backoff (full jitter) for up to
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import time
@@ -128,11 +129,13 @@ async def retrying(
 
 
 class Batcher(Generic[E, R]):
-    """Collects entries and writes them in batches with ``write`` (an async callable
-    taking a list of entries and returning one result per entry)."""
+    """Collects entries and writes them in batches with ``write(entries, retried)`` (an
+    async callable returning one result per entry; ``retried`` is True when an earlier
+    attempt at these very entries failed, and may have landed in part)."""
 
     def __init__(
-        self, write: Callable[[list[E]], Awaitable[list[R]]], *, size: int, seconds: float,
+        self, write: Callable[[list[E], bool], Awaitable[list[R]]], *, size: int,
+        seconds: float,
         retry_seconds: float, what: str, stats: StatsCollector | None = None,
         stat_prefix: str = "webfarm/storage", writers: int = 1,
         quiet: float = QUIET_SECONDS, idle: Callable[[], bool] | None = None,
@@ -219,9 +222,11 @@ class Batcher(Generic[E, R]):
 
     async def _write_batch(self, batch: list[tuple[E, asyncio.Future[R], float]]) -> None:
         entries = [entry for entry, _, _ in batch]
+        attempts = itertools.count()
         try:
             results = await retrying(
-                lambda: self.write(entries), what=f"{self.what} ({len(entries)} entries)",
+                lambda: self.write(entries, next(attempts) > 0),
+                what=f"{self.what} ({len(entries)} entries)",
                 retry_seconds=self.retry_seconds, stats=self.stats,
                 stat_prefix=self.stat_prefix,
             )
