@@ -271,14 +271,16 @@ class IndexStore:
                 {"$inc": {"url_count": step * len(tags)},
                  "$push": {"applied": {"$each": tags, "$slice": -APPLIED_KEEP}}},
             ))
-        if counts and self.contents.bulk_write(counts, ordered=False).matched_count < len(
-                counts) and fresh:
-            # A group's guard found one of its tags applied: another worker re-issued that
-            # page's pending move between our page write and this count. The group's other
-            # moves would be lost with it; each goes again on its own, guarded by its tag.
-            self.contents.bulk_write([self._count_op(content, step, tag)
-                                      for (content, step), tags in fresh.items()
-                                      for tag in tags], ordered=False)
+        if counts:
+            matched = self.contents.bulk_write(counts, ordered=False).matched_count
+            if fresh and matched < len(counts):
+                # A group's guard found one of its tags applied: another worker re-issued
+                # that page's pending move between our page write and this count. The
+                # group's other moves would be lost with it; each goes again on its own,
+                # guarded by its tag.
+                self.contents.bulk_write([self._count_op(content, step, tag)
+                                          for (content, step), tags in fresh.items()
+                                          for tag in tags], ordered=False)
         if moved:  # counted: the next write need not re-issue them (their tags may be gone)
             self.pages.update_many(
                 {"_id": {"$in": list(moved)}, "fetch_id": {"$in": list(moved.values())}},

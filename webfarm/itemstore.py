@@ -128,6 +128,10 @@ def index_fields(settings: Any) -> tuple[str, ...]:
     return names
 
 
+# What the store adds to an item's fields in its document (see ItemStore.write_items).
+STORED_FIELDS = frozenset({"_id", "source_url", "content_hash", "extracted_at",
+                           "extractor_version", "item_hash", "changed_at",
+                           "first_extracted_at"})
 _SEEN = {"item_hash": 1, "extracted_at": 1, "first_extracted_at": 1, "changed_at": 1}
 _CREATED_HERE = object()
 _CHANGED_HERE = "(changed by this batch)"  # an item hash no entry has
@@ -215,8 +219,8 @@ class ItemStore:
             seen = _SEEN if retried else {"item_hash": 1}
             found = {self._k(d["_id"]): d for d in coll.find({"_id": {"$in": keys}}, seen)}
             missing = {self._k(k) for k in keys} - set(found)
-            last = {self._k(entries[i].key): entries[i] for i in idx} if retried else {}
             if retried:
+                last = {self._k(entries[i].key): entries[i] for i in idx}  # what a key gets
                 stored = {k: before for k, d in found.items()
                           if (before := _before_batch(d, last[k])) is not _CREATED_HERE}
             else:

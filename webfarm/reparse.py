@@ -49,6 +49,7 @@ from webfarm.index import IndexStore
 from webfarm.itemstore import (
     CHANGED,
     CREATED,
+    STORED_FIELDS,
     UNCHANGED,
     ItemEntry,
     ItemError,
@@ -59,9 +60,6 @@ from webfarm.itemstore import (
 logger = logging.getLogger(__name__)
 R = TypeVar("R")
 
-# what the item store adds to an item's fields (webfarm/itemstore.py)
-_STORED_ONLY = frozenset({"_id", "source_url", "content_hash", "extracted_at", "extractor_version",
-                          "item_hash", "changed_at", "first_extracted_at"})
 _PROJECTION = ("url", "final_url", "status", "headers", "content_type", "encoding",
                "content_hash", "blob_key", "fetched_at")
 
@@ -144,7 +142,7 @@ def describe_change(entry: ItemEntry, stored: dict[str, Any] | None, width: int 
         return text if len(text) <= width else text[:width - 3] + "..."
 
     old = stored or {}
-    fields = sorted(set(entry.fields) | {k for k in old if k not in _STORED_ONLY})
+    fields = sorted(set(entry.fields) | {k for k in old if k not in STORED_FIELDS})
     diffs = [f"{name}: {cut(old.get(name))} -> {cut(entry.fields.get(name))}"
              for name in fields if old.get(name) != entry.fields.get(name)]
     same = "(the same fields; stored without item_hash)"
