@@ -6,7 +6,7 @@ Run: ``.venv/bin/python bench/bench_reparse.py [--runs N] [--delay SECONDS] [--q
 then runs ``scrapy reparse`` over each store, interleaved, with
 ``WEBFARM_BLOB_CONCURRENCY=1`` (one blob read at a time, the baseline) and with the
 default (8 reads ahead at once). The far endpoint is the same moto behind a relay that
-holds each reply ``--delay`` seconds (tests/slowrelay.py): an S3 GET's first byte takes
+holds each reply ``--delay`` seconds (tests/relay.py): an S3 GET's first byte takes
 10-30 ms in a region, and one read at a time that is what a re-parse waits for.
 
 Pages/s is the command's own (pages over the run, start-up excluded); medians, and the
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     import redis
 
     from tests import servers
-    from tests.slowrelay import SlowRelay
+    from tests.relay import Relay
 
     tmp = Path(tempfile.mkdtemp(prefix="wf-bench-reparse-"))
     started = [servers.valkey(tmp / "valkey").start(), servers.secantus(tmp / "mongo").start(),
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             redis.Redis.from_url(valkey.url).flushall()  # a new frontier for each crawl
             scrapy(["crawl", SPIDER, "-a", f"start={start}", "-s", SPIDERS], {**env, **store})
         port = int(moto.url.rsplit(":", 1)[1])
-        with SlowRelay(("127.0.0.1", port), args.delay) as relay:
+        with Relay(("127.0.0.1", port), args.delay) as relay:
             stores[f"S3 +{args.delay * 1000:.0f} ms"] = {
                 **stores["S3 loopback"], "AWS_ENDPOINT_URL": f"http://127.0.0.1:{relay.port}"}
             results: dict[tuple[str, int], list[float]] = {}

@@ -12,8 +12,8 @@ import pytest
 import redis
 import redis.asyncio
 
+from tests.relay import Relay
 from tests.servers import free_port
-from tests.slowrelay import SlowRelay
 from webfarm.frontier import MAX_PUSH, AsyncFrontier, Entry, Frontier, backoff
 from webfarm.frontierlink import FrontierLink
 
@@ -447,7 +447,7 @@ def test_retries_and_dead_letters_ride_an_exchange_without_blocking(valkey_serve
     parent, gone = direct.pop("w"), direct.pop("w")
     assert parent is not None and gone is not None
 
-    with SlowRelay((valkey_server.host, valkey_server.port), 0.15) as relay:
+    with Relay((valkey_server.host, valkey_server.port), 0.15) as relay:
         f = Frontier(redis.Redis.from_url(relay.url), "opsrelay", default_delay=0)
 
         async def run() -> float:
@@ -501,7 +501,7 @@ def test_the_idle_check_waits_for_no_reply(valkey_server) -> None:
             await asyncio.sleep(0.01)
         return link.frontier_idle()
 
-    with SlowRelay((valkey_server.host, valkey_server.port), 0.15) as relay:
+    with Relay((valkey_server.host, valkey_server.port), 0.15) as relay:
         f = Frontier(redis.Redis.from_url(relay.url), "idlerelay", default_delay=0)
 
         async def run() -> tuple:

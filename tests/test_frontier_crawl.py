@@ -13,7 +13,7 @@ from settings import base as project_settings
 from tests import runner, servers
 from tests.crawlcheck import frontier as frontier_of
 from tests.proxyserver import ProxyServer
-from tests.slowrelay import SlowRelay
+from tests.relay import Relay
 from tests.testweb import Response, TestWeb
 from webfarm.urls import canonical_url, host_of
 
@@ -250,7 +250,7 @@ def test_the_reactor_does_not_wait_for_redis(shop, stores, valkey_server, tmp_pa
     base = shop.base_urls[0]
     out = tmp_path / "stalls.json"
     extensions = {**project_settings.EXTENSIONS, "tests.stallprobe.ReactorStalls": 900}
-    with (SlowRelay((valkey_server.host, valkey_server.port), 0.15) as relay,
+    with (Relay((valkey_server.host, valkey_server.port), 0.15) as relay,
           ProxyServer("ok") as one, ProxyServer("ok") as two):
         env = runner.env_for(**{**stores, "REDIS_URL": relay.url})
         result = runner.scrapy(["crawl", "generic", "-a", f"start={base}/",

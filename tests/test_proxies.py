@@ -19,7 +19,7 @@ from middlewares.proxies import ProxyMiddleware
 from settings import base as base_settings  # noqa: E402
 from tests import runner, servers
 from tests.proxyserver import BAN_MARKER, ProxyServer
-from tests.slowrelay import SlowRelay
+from tests.relay import Relay
 from webfarm import serialize
 from webfarm.exceptions import RetryLater
 from webfarm.proxies import ProxyPool
@@ -164,7 +164,7 @@ def test_requests_of_a_new_host_picked_together_share_its_sticky_proxy(valkey_se
 
     from webfarm.redisconn import CLIENT_OPTIONS, close_client
 
-    with SlowRelay((valkey_server.host, valkey_server.port), 0.05) as relay:
+    with Relay((valkey_server.host, valkey_server.port), 0.05) as relay:
         client = redis.asyncio.Redis.from_url(relay.url, **CLIENT_OPTIONS)
         pool = ProxyPool(parse_proxies("127.0.0.1:1,127.0.0.1:2,127.0.0.1:3"), client,
                          refresh=60.0, sticky=True)

@@ -12,8 +12,7 @@ import pymongo
 import pytest
 
 from tests import runner, servers
-from tests.gate import Gate
-from tests.slowrelay import SlowRelay
+from tests.relay import Relay
 from tests.spiders.products import ProductsSpider
 
 SPIDERS = ["-s", "SPIDER_MODULES=spiders,tests.spiders"]
@@ -126,10 +125,10 @@ def wait_log(log: Path, text: str, proc, timeout: float = 60) -> None:
 def test_reparse_waits_out_store_outages_and_stops_past_the_limit(
         web, redis_url, own_mongo, s3_server, s3_bucket, tmp_path):
     base = web.base_urls[0]
-    gate = Gate(int(s3_server.url.rsplit(":", 1)[1]))
+    relay = Relay(int(s3_server.url.rsplit(":", 1)[1]))
     env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=own_mongo.url, MONGO_DATABASE="rp",
                          BLOB_STORE_URI=f"s3://{s3_bucket}/rp",
-                         AWS_ENDPOINT_URL=f"http://127.0.0.1:{gate.port}",
+                         AWS_ENDPOINT_URL=f"http://127.0.0.1:{relay.port}",
                          WEBFARM_S3_MAX_ATTEMPTS="1")
     admin = pymongo.MongoClient(own_mongo.url).admin
 
@@ -175,11 +174,11 @@ def test_reparse_waits_out_store_outages_and_stops_past_the_limit(
                              "-s", "WEBFARM_STORAGE_RETRY_SECONDS=60"], env, log)
         try:
             wait_log(log, "writing items to MongoDB failed", proc)
-            gate.cut()  # S3 unreachable (connections reset and dropped)...
+            relay.cut()  # S3 unreachable (connections reset and dropped)...
             mongo_writes("off")  # ...as MongoDB comes back
             wait_log(log, f"reading blobs from s3://{s3_bucket}/rp failed", proc)
             time.sleep(1)
-            gate.open = True
+            relay.restore()
             proc.wait(90)
         finally:
             proc.kill()
@@ -195,19 +194,19 @@ def test_reparse_waits_out_store_outages_and_stops_past_the_limit(
 
         # Ctrl-C while blob reads hang (an endpoint that stopped answering): the reads read
         # ahead must not hold the exit for their timeouts.
-        with SlowRelay(("127.0.0.1", int(s3_server.url.rsplit(":", 1)[1])), 0.2) as relay:
-            log = tmp_path / "hang.log"
-            proc = runner.popen(["reparse", "test_products", *SPIDERS, "--progress-every", "5"],
-                                {**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{relay.port}"}, log)
-            try:
-                wait_log(log, "reparse: 5 pages", proc)
-                relay.delay = 1000  # every reply from now on is held
-                time.sleep(1)
-                proc.send_signal(signal.SIGINT)
-                assert proc.wait(15) == 3
-            finally:
-                proc.kill()
+        relay.delay = 0.2  # a slow endpoint, so that the run is still going after 5 pages
+        log = tmp_path / "hang.log"
+        proc = runner.popen(["reparse", "test_products", *SPIDERS, "--progress-every", "5"],
+                            env, log)
+        try:
+            wait_log(log, "reparse: 5 pages", proc)
+            relay.delay = 1000  # every reply from now on is held
+            time.sleep(1)
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(15) == 3
+        finally:
+            proc.kill()
         assert "stopped after" in log.read_text() and ": interrupted." in log.read_text()
     finally:
         mongo_writes("off")
-        gate.close()
+        relay.close()

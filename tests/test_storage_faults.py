@@ -14,7 +14,7 @@ import boto3
 import pymongo
 
 from tests import runner, servers
-from tests.gate import Gate
+from tests.relay import Relay
 
 
 def wait_pages(uri: str, db: str, at_least: int, timeout: float = 90) -> int:
@@ -62,9 +62,9 @@ def crawl_env(web, redis_url, mongo_uri, db_name, blobs, **extra):
 def test_mongodb_restart_and_s3_outage_mid_crawl_lose_nothing(web, redis_url, own_mongo,
                                                                s3_server, s3_bucket, tmp_path):
     base = web.base_urls[0]
-    gate = Gate(int(s3_server.url.rsplit(":", 1)[1]))
+    relay = Relay(int(s3_server.url.rsplit(":", 1)[1]))
     env = crawl_env(web, redis_url, own_mongo.url, "faults", f"s3://{s3_bucket}/p",
-                    AWS_ENDPOINT_URL=f"http://127.0.0.1:{gate.port}",
+                    AWS_ENDPOINT_URL=f"http://127.0.0.1:{relay.port}",
                     WEBFARM_STORAGE_RETRY_SECONDS="120")
     log = tmp_path / "crawl.log"
     proc = runner.popen(["crawl", "generic", "-a", f"start={base}/",
@@ -73,19 +73,19 @@ def test_mongodb_restart_and_s3_outage_mid_crawl_lose_nothing(web, redis_url, ow
         # S3 first: blobs are written as pages are fetched, and fetching can be over by
         # the time MongoDB is back (the index drains its backlog after the downloads).
         stored = wait_pages(own_mongo.url, "faults", 8)
-        gate.cut()  # S3 unreachable (connections reset and dropped)...
+        relay.cut()  # S3 unreachable (connections reset and dropped)...
         time.sleep(2.5)
-        gate.open = True  # ...and back
+        relay.restore()  # ...and back
         before_mongo = wait_pages(own_mongo.url, "faults", stored + 8)
         own_mongo.stop()  # then MongoDB down mid-crawl (pymongo waits, then our retries)...
         time.sleep(2.5)
         own_mongo.start()  # ...and back, same port, same data
         output = finish(proc, log)
     finally:
-        gate.close()
+        relay.close()
     # Both outages hit the crawl mid-way: pages were still to be stored when each began.
     assert stored < before_mongo < len(web.expected_pages(base))
-    assert gate.dropped >= 1, "no S3 call happened during the outage"
+    assert relay.dropped >= 1, "no S3 call happened during the outage"
     assert stat(output, "webfarm/blobs/retries") >= 1
     s3 = boto3.client("s3", endpoint_url=s3_server.url)
     listed = s3.list_objects_v2(Bucket=s3_bucket, Prefix="p/raw/").get("Contents", [])
