@@ -92,39 +92,71 @@ def backoff_delay(attempt: int, base: float = 0.25, cap: float = 10.0) -> float:
     return random.uniform(0, min(cap, base * 2 ** attempt))
 
 
+class Outage:
+    """One store failing for a while: how long to wait before each retry (full jitter,
+    growing to ``cap``), and when to give up: ``retry_seconds`` after the first failure
+    (:class:`StorageUnavailable`). It logs once when it starts and once when a call
+    succeeds again. Shared by the crawl's awaited writes (:func:`retrying`) and
+    re-parse's blocking calls (:class:`webfarm.reparse.Reparser`), so both wait and
+    say it alike."""
+
+    def __init__(self, what: str, retry_seconds: float, base: float = 0.25,
+                 cap: float = 10.0) -> None:
+        self.what = what
+        self.retry_seconds = retry_seconds
+        self.base = base
+        self.cap = cap
+        self.started: float | None = None
+        self.attempt = 0  # retries in this outage
+
+    def failed(self, exc: BaseException) -> float:
+        """Seconds to wait before the next attempt; past the limit, StorageUnavailable."""
+        now = time.monotonic()
+        if self.started is None:
+            self.started = now
+            logger.warning("%s failed (%s: %s); retrying with backoff for up to %gs "
+                           "(WEBFARM_STORAGE_RETRY_SECONDS)", self.what, type(exc).__name__,
+                           str(exc)[:300], self.retry_seconds)
+        elapsed = now - self.started
+        if elapsed >= self.retry_seconds:
+            raise StorageUnavailable(
+                f"{self.what} failed for {elapsed:.1f}s (WEBFARM_STORAGE_RETRY_SECONDS="
+                f"{self.retry_seconds:g}): {type(exc).__name__}: {str(exc)[:300]}") from exc
+        delay = backoff_delay(self.attempt, self.base, self.cap)
+        self.attempt += 1
+        return min(delay, self.retry_seconds - elapsed) + 0.01
+
+    def ended(self) -> None:
+        """A call succeeded: the outage, if there was one, is over."""
+        if self.started is not None:
+            logger.info("%s works again after %d retries (%.1fs)", self.what, self.attempt,
+                        time.monotonic() - self.started)
+            self.started, self.attempt = None, 0
+
+
 async def retrying(
     call: Callable[[], Awaitable[R]], *, what: str, retry_seconds: float,
     stats: StatsCollector | None = None, stat_prefix: str = "webfarm/storage",
     base: float = 0.25, cap: float = 10.0,
 ) -> R:
-    """Await ``call()`` until it succeeds; on transient errors wait (full jitter, growing
-    to ``cap``) and retry, for at most ``retry_seconds``; then raise StorageUnavailable."""
-    started = time.monotonic()
-    attempt = 0
+    """Await ``call()`` until it succeeds; on transient errors wait and retry as
+    :class:`Outage` says, then raise StorageUnavailable."""
+    outage = Outage(what, retry_seconds, base, cap)
     while True:
         try:
             result = await call()
         except TRANSIENT as exc:
-            elapsed = time.monotonic() - started
-            if elapsed >= retry_seconds:
+            try:
+                delay = outage.failed(exc)
+            except StorageUnavailable:
                 if stats is not None:
                     stats.inc_value(f"{stat_prefix}/gave_up")
-                raise StorageUnavailable(
-                    f"{what} failed for {elapsed:.0f}s (WEBFARM_STORAGE_RETRY_SECONDS="
-                    f"{retry_seconds:g}): {type(exc).__name__}: {exc}"
-                ) from exc
-            if attempt == 0:
-                logger.warning("%s failed (%s: %s); retrying with backoff for up to %gs",
-                               what, type(exc).__name__, str(exc)[:300], retry_seconds)
+                raise
             if stats is not None:
                 stats.inc_value(f"{stat_prefix}/retries")
-            delay = backoff_delay(attempt, base, cap)
-            attempt += 1
-            await asyncio.sleep(min(delay, max(0.0, retry_seconds - elapsed)) + 0.01)
+            await asyncio.sleep(delay)
             continue
-        if attempt:
-            logger.info("%s succeeded again after %d retries (%.1fs)", what, attempt,
-                        time.monotonic() - started)
+        outage.ended()
         return result
 
 

@@ -43,7 +43,8 @@ from scrapy import Request, Spider
 from scrapy.http import Headers, Response, TextResponse
 from scrapy.responsetypes import responsetypes
 
-from webfarm.batching import RETRY_SECONDS, TRANSIENT, StorageUnavailable, backoff_delay
+from webfarm import batching
+from webfarm.batching import RETRY_SECONDS, TRANSIENT
 from webfarm.blobstore import BlobDamaged, BlobMissing, BlobStore
 from webfarm.index import IndexStore
 from webfarm.itemstore import (
@@ -149,19 +150,15 @@ def describe_change(entry: ItemEntry, stored: dict[str, Any] | None, width: int 
     return f"{entry.collection} {cut(entry.key)}: " + ("; ".join(diffs) or same)
 
 
-class Outage:
-    """One store failing during a re-parse: each failure waits (backoff with full jitter)
-    and the call is made again, for at most ``seconds`` from the outage's first failure;
-    then :class:`StorageUnavailable`. A success ends the outage."""
+class Outage(batching.Outage):
+    """:class:`webfarm.batching.Outage` for re-parse's blocking calls: ``call`` retries in
+    this thread. One outage may span calls (a cursor fails and resumes per document)."""
 
     def __init__(self, what: str, seconds: float, stats: ReparseStats,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        self.what = what
-        self.seconds = seconds
+        super().__init__(what, seconds)
         self.stats = stats
         self.sleep = sleep
-        self.started: float | None = None
-        self.attempt = 0
 
     def call(self, fn: Callable[[], R], transient: tuple[type[BaseException], ...] = TRANSIENT
              ) -> R:
@@ -174,28 +171,12 @@ class Outage:
             self.ended()
             return result
 
-    def failed(self, exc: BaseException) -> None:
+    def failed(self, exc: BaseException) -> float:
         """Wait before the next attempt, or raise StorageUnavailable past the limit."""
-        now = time.monotonic()
-        if self.started is None:
-            self.started = now
-            logger.warning("reparse: %s failed (%s: %s); retrying with backoff for up to %gs "
-                           "(WEBFARM_STORAGE_RETRY_SECONDS)", self.what, type(exc).__name__,
-                           str(exc)[:300], self.seconds)
-        elapsed = now - self.started
-        if elapsed >= self.seconds:
-            raise StorageUnavailable(
-                f"{self.what} failed for {elapsed:.1f}s (WEBFARM_STORAGE_RETRY_SECONDS="
-                f"{self.seconds:g}): {type(exc).__name__}: {str(exc)[:300]}") from exc
+        delay = super().failed(exc)
         self.stats.retries += 1
-        self.sleep(min(backoff_delay(self.attempt), self.seconds - elapsed) + 0.01)
-        self.attempt += 1
-
-    def ended(self) -> None:
-        if self.started is not None:
-            logger.info("reparse: %s works again after %d retries (%.1fs)", self.what,
-                        self.attempt, time.monotonic() - self.started)
-            self.started, self.attempt = None, 0
+        self.sleep(delay)
+        return delay
 
 
 class Reparser:
