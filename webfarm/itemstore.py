@@ -152,6 +152,19 @@ def _before_batch(doc: dict[str, Any], last: ItemEntry) -> Any:
     return _CHANGED_HERE if _same_ms(doc.get("changed_at"), at) else doc.get("item_hash")
 
 
+_ABSENT = object()
+
+
+def _outcome(known: dict[Any, Any], key: Any, digest: str) -> str:
+    """The one rule of write and preview: created if ``key`` has no stored item, changed
+    if its item hash differs from ``digest``, else unchanged. ``known`` (key -> stored
+    item hash) then holds ``digest``: a key met again in a batch is compared with the
+    batch's own earlier entry, as the store will hold it by then."""
+    before = known.get(key, _ABSENT)
+    known[key] = digest
+    return CREATED if before is _ABSENT else UNCHANGED if before == digest else CHANGED
+
+
 def _same_ms(stored: Any, at: dt.datetime) -> bool:
     """``stored`` (a BSON date: milliseconds, UTC) is ``at``."""
     if not isinstance(stored, dt.datetime):
@@ -230,11 +243,7 @@ class ItemStore:
                 entry = entries[i]
                 k = self._k(entry.key)
                 digest = item_hash(entry.fields)
-                if k not in stored:
-                    results[i] = CREATED
-                elif stored[k] != digest:
-                    results[i] = CHANGED
-                stored[k] = digest
+                results[i] = _outcome(stored, k, digest)
                 doc = {**entry.fields, "source_url": entry.source_url,
                        "content_hash": entry.content_hash, "extracted_at": entry.extracted_at,
                        "extractor_version": entry.extractor_version, "item_hash": digest}
@@ -266,15 +275,15 @@ class ItemStore:
         for name, group in by_coll.items():
             for doc in self.db[name].find({"_id": {"$in": [e.key for e in group]}}):
                 found[(name, self._k(doc["_id"]))] = doc
-        for entry in entries:
-            at = (entry.collection, self._k(entry.key))
-            digest, stored = item_hash(entry.fields), found.get(at)
-            before = written.get(at, stored.get("item_hash") if stored else None)
-            outcome = (CREATED if before is None and stored is None
-                       else UNCHANGED if before == digest else CHANGED)
+        ats = [(entry.collection, self._k(entry.key)) for entry in entries]
+        known = {at: doc.get("item_hash") for at, doc in found.items()}
+        known.update((at, written[at]) for at in ats if at in written)
+        for entry, at in zip(entries, ats, strict=True):
+            digest = item_hash(entry.fields)
+            outcome = _outcome(known, at, digest)
             if outcome != UNCHANGED:
                 written[at] = digest
-            results.append((outcome, stored))
+            results.append((outcome, found.get(at)))
         return results
 
     @staticmethod
