@@ -4,6 +4,11 @@ One collection per item type, upserted on the key the item declares, with the
 page's ``source_url`` and ``content_hash``, ``extracted_at`` and the spider's
 ``extractor_version`` (rules in :mod:`webfarm.itemstore`). Written in batches
 like pages; an item is done only when its batch is stored.
+
+An item that cannot be stored (``ItemError``: no key, a value or field name MongoDB
+cannot hold, or a document the server refuses, say by the collection's validator)
+fails alone: its page is dead-lettered at once, as a refetch would give the same item,
+and the other items of its page and batch are stored.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from webfarm.batching import (
     engine_idle,
 )
 from webfarm.items import PageItem, source_of
-from webfarm.itemstore import ItemEntry, ItemStore, index_fields, make_entry
+from webfarm.itemstore import ItemEntry, ItemError, ItemStore, index_fields, make_entry
 from webfarm.threads import StorageCalls, storage_calls
 from webfarm.urls import canonical_url
 
@@ -43,7 +48,7 @@ class ItemStorePipeline:
         self.stats = stats
         self.threads = threads
         self.hasher = hasher
-        self.batcher: Batcher[ItemEntry, str] = Batcher(
+        self.batcher: Batcher[ItemEntry, str | ItemError] = Batcher(
             self._write, size=batch_size, seconds=batch_seconds, retry_seconds=retry_seconds,
             what="item write", stats=stats, stat_prefix="webfarm/items", writers=writers,
             idle=engine_idle(crawler),
@@ -63,7 +68,7 @@ class ItemStorePipeline:
         await self.batcher.flush()
         self.store.close()
 
-    async def _write(self, entries: list[ItemEntry], retried: bool) -> list[str]:
+    async def _write(self, entries: list[ItemEntry], retried: bool) -> list[str | ItemError]:
         # A retried write may find part of itself landed: write_items counts it as the
         # first attempt would.
         return await self.threads.run(self.store.write_items, entries, retried)
@@ -80,8 +85,15 @@ class ItemStorePipeline:
             content_hash = source.content_hash
             if content_hash is None and source.page is not None:
                 content_hash = await self.hasher.ensure(source.page)
-        entry = make_entry(item, self.crawler.spider, url, content_hash,
-                           dt.datetime.now(dt.timezone.utc))
+        try:
+            entry = make_entry(item, self.crawler.spider, url, content_hash,
+                               dt.datetime.now(dt.timezone.utc))
+        except ItemError:
+            self.stats.inc_value("webfarm/items/invalid")
+            raise
         outcome = await self.batcher.submit(entry)
+        if isinstance(outcome, ItemError):  # refused by the server's rules; the rest stored
+            self.stats.inc_value("webfarm/items/refused")
+            raise outcome
         self.stats.inc_value(f"webfarm/items/{outcome}")
         return item

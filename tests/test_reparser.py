@@ -136,6 +136,19 @@ def test_a_store_down_past_the_limit_stops_the_run_and_a_second_run_finishes(
     assert again.pages == 12 and again.created == 12 and set(titles(index)) == set(urls)
 
 
+def test_items_the_server_refuses_are_counted_as_errors_and_the_rest_stored(
+        index, blobs, caplog):
+    store_pages(index, blobs, 8, skus=8)  # SKUs S0..S7, one a page
+    index.db.create_collection("products", validator={"$jsonSchema": {"properties": {
+        "sku": {"pattern": "[0-3]$"}}}})
+    stats = reparser(index, blobs, batch_size=5).run()
+    assert stats.pages == 8 and stats.errors == 4
+    assert sorted(d["_id"] for d in index.db.products.find()) == ["S0", "S1", "S2", "S3"]
+    assert stats.created == 8 + 4 + 8  # titles, the products allowed, skus_seen
+    refused = [r.getMessage() for r in caplog.records if "MongoDB refused" in r.getMessage()]
+    assert len(refused) == 4 and "Document failed validation (code 121)" in refused[0]
+
+
 def test_missing_and_damaged_blobs_skip_their_page_and_are_counted(index, blobs, tmp_path):
     urls = store_pages(index, blobs, 6)
     docs = {d["url"]: d for d in index.pages.find()}

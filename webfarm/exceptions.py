@@ -1,9 +1,10 @@
-"""Outcomes a downloader middleware hands to the frontier instead of acting itself.
+"""Outcomes a middleware or pipeline hands to the frontier instead of acting itself.
 
 Middlewares never talk to Redis about a request's fate: they raise one of these
 and the frontier scheduler, which holds the request's lease, re-queues it with
-backoff or moves it to the dead-letter queue. Both subclass ``IgnoreRequest``,
-so Scrapy treats them as a quiet end of that request.
+backoff or moves it to the dead-letter queue. ``DeadLetter`` and ``RetryLater``
+subclass ``IgnoreRequest``, so Scrapy treats them as a quiet end of that request;
+an ``ItemError`` from an item pipeline dead-letters the item's page.
 """
 
 from __future__ import annotations
@@ -37,3 +38,9 @@ class RetryLater(IgnoreRequest):
         self.delay = delay
         self.status = status
         self.error = error
+
+
+class ItemError(ValueError):
+    """An item that cannot be stored as declared; the message says what to fix. Fetching
+    the page again gives the same item, so a crawl dead-letters its page at once (it can
+    be requeued with ``scrapy dlq requeue`` once the spider or the collection is fixed)."""

@@ -110,7 +110,15 @@ def utc(ts: float) -> dt.datetime:
 WriteOp = InsertOne | UpdateOne
 
 
-def write_unordered(collection: Collection, ops: list[WriteOp]) -> list[int]:
+# Write errors that say the document itself cannot be stored: sending it again gets the
+# same answer. (BadValue, FailedToParse, TypeMismatch, PathNotViable, DollarPrefixedFieldName,
+# InvalidIdField, InvalidDBRef, EmptyFieldName, DottedFieldName, ImmutableField,
+# DocumentValidationFailure, BSONObjectTooLarge, KeyTooLong, document too large after update.)
+REFUSED_CODES = frozenset({2, 9, 14, 28, 52, 53, 55, 56, 57, 66, 121, 10334, 17280, 17419})
+
+
+def write_unordered(collection: Collection, ops: list[WriteOp],
+                    refused: dict[int, str] | None = None) -> list[int]:
     """``bulk_write(ordered=False)``; returns the indexes of ops that hit a duplicate key.
 
     Documents known to be new are written with ``InsertOne`` rather than an upsert:
@@ -118,17 +126,24 @@ def write_unordered(collection: Collection, ops: list[WriteOp]) -> list[int]:
     SecantusDB: 0.45 vs 0.85 ms a document); its duplicate key means another writer
     was first, which callers handle like a failed upsert guard.
 
-    Any other write error raises (the caller retries the whole batch)."""
+    With ``refused``, ops the server refused for good (a ``REFUSED_CODES`` write error:
+    a collection's validator, a document too large) are put there, index -> the server's
+    message, and the rest of the batch stands. Any other write error raises (the caller
+    retries the whole batch)."""
     if not ops:
         return []
     try:
         collection.bulk_write(ops, ordered=False)
     except BulkWriteError as exc:
         errors = exc.details.get("writeErrors", [])
-        other = [e for e in errors if e.get("code") != DUPLICATE_KEY]
+        for error in errors:
+            if refused is not None and error.get("code") in REFUSED_CODES:
+                refused[error["index"]] = f"{error.get('errmsg', '')} (code {error['code']})"
+        other = [e for e in errors if e.get("code") != DUPLICATE_KEY and e["index"] not in (
+            refused or {})]
         if other or exc.details.get("writeConcernErrors"):
             raise
-        return sorted(e["index"] for e in errors)
+        return sorted(e["index"] for e in errors if e.get("code") == DUPLICATE_KEY)
     return []
 
 

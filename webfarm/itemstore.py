@@ -34,6 +34,7 @@ from pymongo import InsertOne, UpdateOne
 from pymongo.database import Database
 
 from webfarm.config import ConfigError
+from webfarm.exceptions import ItemError
 from webfarm.index import WriteOp, write_unordered
 
 CREATED, CHANGED, UNCHANGED = "created", "changed", "unchanged"
@@ -46,8 +47,8 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,100}$")
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
-class ItemError(ValueError):
-    """An item that cannot be stored as declared; the message says what to fix."""
+# MongoDB's document limit, less room for the fields the store adds (URL, hashes, times).
+MAX_ITEM_BYTES = 16 * 1024 * 1024 - 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -107,12 +108,26 @@ def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None
     if missing:
         raise ItemError(f"{type(item).__name__} for {collection!r} has no value for its key "
                         f"field(s) {', '.join(missing)} (from {source_url})")
+    several = [f for f in key_fields if isinstance(values[f], (list, tuple, set, frozenset))]
+    if several:
+        raise ItemError(f"{type(item).__name__} for {collection!r} has several values for its "
+                        f"key field(s) {', '.join(several)} (from {source_url}): a key is one "
+                        "value; extract it with .get() rather than .getall(), or join them")
     key = values[key_fields[0]] if len(key_fields) == 1 else {f: values[f] for f in key_fields}
     try:
-        bson.encode({"k": key, **fields})
+        size = len(bson.encode({"_id": key, **fields}))
     except (bson.errors.InvalidDocument, OverflowError) as exc:
         raise ItemError(f"{type(item).__name__} from {source_url} cannot be stored: {exc}; "
                         "use str, numbers, bool, lists, dicts or datetimes") from None
+    bad = [n for n in fields if not n or n.startswith("$") or "." in n]
+    if bad:
+        raise ItemError(f"{type(item).__name__} from {source_url} has field name(s) "
+                        f"{', '.join(map(repr, bad))} that MongoDB reads as operators or paths; "
+                        "rename them without '.' or a leading '$'")
+    if size > MAX_ITEM_BYTES:
+        raise ItemError(f"{type(item).__name__} from {source_url} is {size / 2**20:.1f} MiB as "
+                        "BSON; MongoDB stores documents up to 16 MiB. Keep long text out of "
+                        "items (the page itself is kept in the blob store) or split the item")
     version = getattr(spider, "extractor_version", None)
     return ItemEntry(collection, key, key_fields, fields, source_url, content_hash,
                      extracted_at, None if version is None else str(version))
@@ -217,11 +232,13 @@ class ItemStore:
                 coll.create_index(name)
         self._indexed.add(collection)
 
-    def write_items(self, entries: list[ItemEntry], retried: bool = False) -> list[str]:
-        """Store the entries; each one's outcome. ``retried``: an earlier attempt at these
-        very entries failed, and may have landed in part; their outcomes are then those of
-        the first attempt (see :func:`_before_batch`)."""
-        results: list[str] = [UNCHANGED] * len(entries)
+    def write_items(self, entries: list[ItemEntry], retried: bool = False
+                    ) -> list[str | ItemError]:
+        """Store the entries; each one's outcome, or the ItemError of one the server refused
+        for good (the others are stored). ``retried``: an earlier attempt at these very
+        entries failed, and may have landed in part; their outcomes are then those of the
+        first attempt (see :func:`_before_batch`)."""
+        results: list[str | ItemError] = [UNCHANGED] * len(entries)
         by_coll: dict[str, list[int]] = {}
         for i, entry in enumerate(entries):
             by_coll.setdefault(entry.collection, []).append(i)
@@ -255,10 +272,17 @@ class ItemStore:
             ops: list[WriteOp] = [
                 InsertOne({"_id": key, **doc, "first_extracted_at": at}) if k in missing
                 else self._upsert(key, doc, at) for k, (key, doc, at) in docs.items()]
-            dup = write_unordered(coll, ops)
+            order, refused = list(docs), {}
+            dup = write_unordered(coll, ops, refused)
             if dup:
-                retry = list(docs.values())
-                write_unordered(coll, [self._upsert(*retry[i]) for i in dup])
+                again: dict[int, str] = {}
+                write_unordered(coll, [self._upsert(*docs[order[i]]) for i in dup], again)
+                refused.update((dup[j], why) for j, why in again.items())
+            for i, why in refused.items():  # the server's rules (a validator, the size limit)
+                error = ItemError(f"MongoDB refused {name} item {order[i]}: {why}")
+                for j in idx:
+                    if self._k(entries[j].key) == order[i]:
+                        results[j] = error
         return results
 
     def preview_items(self, entries: list[ItemEntry], written: dict[tuple[str, str], str]

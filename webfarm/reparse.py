@@ -339,6 +339,10 @@ class Reparser:
         """Wait for the batch being written (its errors raise here) and count it."""
         writing, self._writing = self._writing, None
         for outcome in writing.result() if writing is not None else ():
+            if isinstance(outcome, ItemError):  # refused by the server's rules; others stored
+                stats.errors += 1
+                logger.error("reparse: %s", outcome)
+                continue
             stats.items += 1
             if outcome == CREATED:
                 stats.created += 1
@@ -347,7 +351,7 @@ class Reparser:
             elif outcome == UNCHANGED:
                 stats.unchanged += 1
 
-    def _store(self, entries: list[ItemEntry]) -> list[str]:
+    def _store(self, entries: list[ItemEntry]) -> list[str | ItemError]:
         """In the writer thread: each entry's outcome, written or (dry run) previewed."""
         if not self.dry_run:
             attempts = itertools.count()

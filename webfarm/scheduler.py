@@ -60,7 +60,7 @@ from twisted.python.failure import Failure
 
 from webfarm import signals as wf_signals
 from webfarm.dupefilter import RecentFingerprints
-from webfarm.exceptions import DeadLetter, RetryLater
+from webfarm.exceptions import DeadLetter, ItemError, RetryLater
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped, backoff
 from webfarm.frontierlink import FrontierLink
 from webfarm.queue import decode_request, open_frontier, request_entry
@@ -314,7 +314,11 @@ class Scheduler(BaseScheduler):
 
     def item_error(self, item: Any, response: Any, spider: Spider, failure: Failure) -> None:
         lease = getattr(response, "meta", {}).get(LEASE) if response is not None else None
-        if lease:
+        if not lease:
+            return
+        if isinstance(failure.value, ItemError):  # a refetch gives the same item: dead-letter
+            self._failed[lease] = ("spider", f"item not stored: {failure.value}")
+        else:  # a store that kept failing: fetch and store the page again later
             self._failed.setdefault(lease, ("item", f"item pipeline failed: {failure.value!r}"))
 
     def spider_error(self, failure: Failure, response: Any, spider: Spider) -> None:

@@ -1,0 +1,109 @@
+"""Items that cannot be stored fail alone: a clear error, the page dead-lettered at once
+(a refetch gives the same item), the rest of the page and of the batch stored."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from urllib.parse import urlsplit
+
+import pymongo
+import pytest
+
+from tests import crawlcheck, runner
+from webfarm.itemstore import CREATED, ItemEntry, ItemError, ItemStore, make_entry
+
+SPIDERS = ["-s", "SPIDER_MODULES=spiders,tests.spiders"]
+NOW = dt.datetime(2026, 12, 5, tzinfo=dt.timezone.utc)
+# A data team's rule on its products collection: SKUs end in an even digit.
+EVEN_SKUS = {"$jsonSchema": {"properties": {"sku": {"bsonType": "string",
+                                                    "pattern": "[02468]$"}}}}
+
+
+@pytest.fixture()
+def db(mongo_uri, mongo_db_name):
+    client = pymongo.MongoClient(mongo_uri, tz_aware=True)
+    yield client[mongo_db_name]
+    client.drop_database(mongo_db_name)
+    client.close()
+
+
+@pytest.mark.parametrize(("item", "message"), [
+    ({"_key": "sku", "sku": ["A1", "A2"]}, r"several values for its key field\(s\) sku.*\.get\(\)"),
+    ({"_key": "sku", "sku": "A1", "price.usd": 1}, r"'price\.usd'.*without '\.' or a leading '\$'"),
+    ({"_key": "sku", "sku": "A1", "$set": 1}, r"'\$set'.*rename"),
+    ({"_key": "sku", "sku": "A1", "text": "x" * (17 * 2**20)},
+     r"is 17\.0 MiB as BSON; MongoDB stores documents up to 16 MiB\. Keep long text out"),
+])
+def test_an_item_mongodb_cannot_hold_is_refused_with_what_to_fix(item, message):
+    with pytest.raises(ItemError, match=message):
+        make_entry(item, None, "http://s/1", None, NOW)
+
+
+def test_a_document_the_server_refuses_fails_alone_and_the_batch_is_stored(db):
+    db.create_collection("products", validator=EVEN_SKUS)
+    store = ItemStore(db)
+    entries = [make_entry({"_collection": "products", "_key": "sku", "sku": sku},
+                          None, f"http://s/{sku}", None, NOW) for sku in ("A2", "A3", "A4")]
+    # Past make_entry's check (say, a limit lower than MongoDB's): the server's own answer.
+    huge = ItemEntry("notes", "big", ("id",), {"id": "big", "text": "x" * (17 * 2**20)},
+                     "http://s/big", None, NOW, None)
+    small = make_entry({"_collection": "notes", "id": "small"}, None, "http://s/n", None, NOW)
+    started = time.monotonic()
+    results = store.write_items([*entries, huge, small])
+    assert time.monotonic() - started < 10  # refused, not retried as an outage
+    assert [r if isinstance(r, str) else "refused" for r in results] == [
+        CREATED, "refused", CREATED, "refused", CREATED]
+    assert str(results[1]).startswith('MongoDB refused products item "A3": Document failed '
+                                      "validation (code 121)")
+    assert "(code 10334)" in str(results[3])
+    assert sorted(d["_id"] for d in db.products.find()) == ["A2", "A4"]
+    assert [d["_id"] for d in db.notes.find()] == ["http://s/n"]
+    # The same batch again: stored ones unchanged, the refused one refused again.
+    again = store.write_items(entries)
+    assert again[0] == again[2] == "unchanged" and isinstance(again[1], ItemError)
+
+
+def test_a_crawl_dead_letters_pages_whose_items_are_refused_and_stores_the_rest(
+        web, stores, db):
+    base = web.base_urls[0]
+    db.create_collection("products", validator=EVEN_SKUS)
+    env = runner.env_for(**stores, WEBFARM_STORAGE_RETRY_SECONDS="120")
+    args = ["crawl", "test_products", "-a", f"start={base}/", *SPIDERS]
+    started = time.monotonic()
+    crawl = runner.scrapy(args, env, 180)
+    assert crawl.returncode == 0, crawl.output[-3000:]
+    # Nothing waited out a refusal as if MongoDB were down (120 s a batch).
+    assert time.monotonic() - started < 90
+    skus = 36  # 3 categories x 12 products (TestWeb defaults)
+    stored = {d["_id"] for d in db.products.find()}
+    assert len(stored) == skus // 2 and all(s[-1] in "02468" for s in stored)
+
+    dead = crawlcheck.dead_letters(stores["REDIS_URL"], "test_products")
+    # Each odd SKU's product page and its print version; each fetched once, not retried.
+    assert len(dead) == skus, sorted(dead)
+    paths = {url: urlsplit(url)._replace(scheme="", netloc="", fragment="").geturl()
+             for url in dead}
+    for url, letter in dead.items():
+        assert int(letter["attempts"]) <= 1 and len(web.hits_for(path=paths[url])) == 1
+        assert "item not stored: MongoDB refused products item" in letter["reason"]
+        assert "Document failed validation (code 121)" in letter["reason"]
+    assert crawlcheck.stat(crawl.output, "webfarm/items/refused") == skus
+    # The pages themselves and their other items are stored.
+    pages = len(web.expected_pages(base))
+    assert db.pages.count_documents({}) == pages
+    assert db.page_title.count_documents({}) == pages
+    assert db.skus_seen.count_documents({}) == skus
+
+    # The rule was wrong: drop it, requeue the dead letters, crawl again.
+    db.command("collMod", "products", validator={})
+    requeued = runner.scrapy(["dlq", "test_products", "--requeue", *SPIDERS], env)
+    assert f"requeued {skus} dead letters" in requeued.output, requeued.output[-2000:]
+    web.clear_hits()
+    again = runner.scrapy(args, env, 180)
+    assert again.returncode == 0, again.output[-3000:]
+    assert db.products.count_documents({}) == skus
+    assert crawlcheck.dead_letters(stores["REDIS_URL"], "test_products") == {}
+    # Only the requeued pages were fetched again.
+    assert sorted(h.path for h in web.hits if h.path != "/robots.txt") == sorted(
+        paths.values())
