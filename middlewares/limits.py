@@ -33,6 +33,7 @@ from w3lib.encoding import (
 )
 
 from webfarm.exceptions import DeadLetter, RetryLater
+from webfarm.headerlimit import headers_too_large
 from webfarm.urls import canonical_url
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,8 @@ def _inc(crawler: Any, key: str) -> None:
 
 class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
     """Scrapy's decompression (bounded by ``DOWNLOAD_MAXSIZE``), plus: a body over the
-    limit, on the wire or once inflated, is dead-lettered, never retried."""
+    limit, on the wire or once inflated, is dead-lettered, never retried; so are headers
+    over ``WEBFARM_MAX_HEADER_BYTES`` (:mod:`webfarm.headerlimit`)."""
 
     def __init__(self, stats: Any = None, *, crawler: Crawler | None = None) -> None:
         super().__init__(stats, crawler=crawler)
@@ -76,6 +78,10 @@ class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
     def process_exception(
         self, request: Request, exception: BaseException, spider: Spider | None = None
     ) -> None:
+        if (too_large := headers_too_large(exception)) is not None:
+            _inc(self.crawler, "too_big")
+            _inc(self.crawler, "too_big/headers")
+            raise DeadLetter(str(too_large))
         if not isinstance(exception, DownloadCancelledError):
             return None
         message = str(exception)

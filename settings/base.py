@@ -182,10 +182,13 @@ WEBFARM_RENDER_HOST_SHARE = 0.9
 WEBFARM_RENDER_MIN_TEXT = 50  # visible characters below which a page with scripts is "empty"
 # The browser (scrapy-playwright on a system Chromium, found on PATH or $WEBFARM_CHROMIUM).
 # Only requests with meta["playwright"] use it; the driver starts with the first of them.
+# scrapy-playwright's handler, with the HTTP client's response headers bounded
+# (webfarm/headerlimit.py): a server that sends headers without end is dead-lettered.
 DOWNLOAD_HANDLERS = {
-    "http": "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler",
-    "https": "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler",
+    "http": "webfarm.headerlimit.DownloadHandler",
+    "https": "webfarm.headerlimit.DownloadHandler",
 }
+WEBFARM_MAX_HEADER_BYTES = 256 * 1024  # Chromium's limit; 0: unbounded (Scrapy's way)
 PLAYWRIGHT_BROWSER_PROVIDER = "webfarm.browser.SystemChromiumProvider"
 PLAYWRIGHT_ABORT_REQUEST = "webfarm.browser.abort_request"  # SSRF guard + skipped resources
 PLAYWRIGHT_MAX_CONTEXTS = 8  # at least one per proxy (+1 without proxies)

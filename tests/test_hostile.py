@@ -34,6 +34,7 @@ SIZE_ROUTES: dict[str, object] = {
     "/bomb-gzip": h.gzip_bomb(BOMB),
     "/bomb-deflate": h.gzip_bomb(BOMB, encoding="deflate"),
     "/small-gzip": h.gzip_bomb(MAXSIZE // 2),  # compressed and under the limit: fine
+    "/header-flood": h.header_flood(),  # 1.76 GB in 5 s into a bare Scrapy worker
 }
 OTHER_ROUTES: dict[str, object] = {
     **h.redirect_cycle("/loop/a", "/loop/b"),
@@ -47,6 +48,10 @@ OTHER_ROUTES: dict[str, object] = {
     "/charset/unknown": h.legacy_page("text/html; charset=x-klingon"),
     "/charset/mislabelled": h.legacy_page("text/html; charset=iso-8859-1", "utf-8"),
     "/broken": Response.html(h.BROKEN_HTML),
+    # Legal HTTP names MongoDB cannot take as field names, among 180 KB of headers.
+    "/odd-headers": Response(200, {"Content-Type": "text/html", "X.Dotted": "1", "$Set": "2",
+                                   **{f"X-Pad-{i}": "p" * 80 for i in range(2000)}},
+                             b"<html><body><p>odd headers</p></body></html>"),
 }
 
 
@@ -90,19 +95,24 @@ def test_oversized_bodies_and_compression_bombs(web, bombs_ready, stores):
         assert letter["reason"].startswith("body over DOWNLOAD_MAXSIZE after decompression"), \
             letter
         assert letter["attempts"] == 1, letter
+    # Headers without end: cut at WEBFARM_MAX_HEADER_BYTES, not read for DOWNLOAD_TIMEOUT.
+    letter = dead[base + "/header-flood"]
+    assert letter["reason"] == "response headers over WEBFARM_MAX_HEADER_BYTES (262144 B)"
+    assert letter["attempts"] == 1, letter
     assert set(pages) == {base + "/small-gzip"}
     assert pages[base + "/small-gzip"]["status"] == 200
-    assert len(dead) == 4, sorted(dead)
+    assert len(dead) == 5, sorted(dead)
     # The server was asked once per page: no retry loop.
     for path in starts:
         assert len(web.hits_for(host=base, path=path)) == 1, path
-    assert crawlcheck.stat(result.output, "webfarm/limits/too_big") == 4
+    assert crawlcheck.stat(result.output, "webfarm/limits/too_big") == 5
+    assert crawlcheck.stat(result.output, "webfarm/limits/too_big/headers") == 1
 
 
 def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
     starts = ["/loop/a", "/loop/self", "/endless/0", "/drip", "/truncated", "/charset/utf8",
               "/charset/missing", "/charset/wrong", "/charset/unknown", "/charset/mislabelled",
-              "/broken"]
+              "/broken", "/odd-headers"]
     base, result, dead, pages, growth = crawl(web, OTHER_ROUTES, starts, stores)
     reasons = {url[len(base):]: d["reason"] for url, d in dead.items()}
 
@@ -135,7 +145,12 @@ def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
     assert set(hashes.values()) == {right}, hashes
     assert charset_pages["/charset/missing"]["encoding"] == "cp1252"
     assert charset_pages["/charset/mislabelled"]["encoding"] == "utf-8"
+    # Header names MongoDB cannot hold are left out of the stored page; the rest stay.
+    odd = pages[base + "/odd-headers"]["headers"]
+    assert "X.Dotted" not in odd and "$Set" not in odd
+    assert odd["Content-Type"] == "text/html" and odd["X-Pad-1999"] == "p" * 80
     # Broken HTML is stored as it came.
     assert pages[base + "/broken"]["status"] == 200
-    assert set(pages) == {base + p for p in starts if p.startswith(("/charset/", "/broken"))}
+    assert set(pages) == {base + p for p in starts
+                          if p.startswith(("/charset/", "/broken", "/odd-headers"))}
     assert growth < 96 * MIB, f"peak RSS grew by {growth / MIB:.0f} MiB"

@@ -49,6 +49,24 @@ DUPLICATE_KEY = 11000
 DEFAULT_REFETCH_POLICY = "webfarm.index.FixedRefetch"
 # Response headers kept in ``pages`` (re-parse rebuilds the response from them); never cookies.
 _SKIP_HEADERS = frozenset({"set-cookie", "set-cookie2"})
+HEADER_BYTES_KEPT = 256 * 1024  # Chromium's limit for a whole header block
+
+
+def stored_headers(headers: dict[str, str] | None) -> dict[str, str]:
+    """The headers a ``pages`` document keeps: no cookies, and none a MongoDB field cannot
+    be named (a leading ``$`` or a ``.``: legal in HTTP, and a hostile server's way to get
+    a page's whole batch refused), up to HEADER_BYTES_KEPT (a browser or fetch API
+    answer is not bounded by ``WEBFARM_MAX_HEADER_BYTES``)."""
+    kept: dict[str, str] = {}
+    size = 0
+    for name, value in (headers or {}).items():
+        if name.lower() in _SKIP_HEADERS or name.startswith("$") or "." in name or not name:
+            continue
+        size += len(name) + len(value)
+        if size > HEADER_BYTES_KEPT:
+            break
+        kept[name] = value
+    return kept
 
 
 class RefetchPolicy(Protocol):
@@ -404,8 +422,7 @@ class IndexStore:
                 "status": page["status"],
                 "content_type": page.get("content_type") or "",
                 "encoding": page.get("encoding"),
-                "headers": {k: v for k, v in (page.get("headers") or {}).items()
-                            if k.lower() not in _SKIP_HEADERS},
+                "headers": stored_headers(page.get("headers")),
                 "content_hash": page["content_hash"],
                 "blob_key": page["blob_key"],
                 "duplicate_of": duplicate_of,

@@ -107,6 +107,22 @@ def drip(size: int = 10_000, every: float = 0.2, max_seconds: float = 20.0) -> H
     return lambda info: writer
 
 
+def header_flood(line_bytes: int = 8000, max_seconds: float = 20.0) -> Handler:
+    """A status line, then headers without end (each line under Twisted's 16 KiB cap)."""
+    line = b"X-Flood: " + b"v" * (line_bytes - 11) + b"\r\n"
+
+    def writer(h: BaseHTTPRequestHandler) -> None:
+        deadline = time.monotonic() + max_seconds
+        try:
+            h.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n")
+            while time.monotonic() < deadline:
+                h.wfile.write(line * 64)
+        except _HANGUP:
+            pass
+
+    return lambda info: writer
+
+
 def truncated(declared: int = 10_000, sent: int = 200) -> Handler:
     """Declares ``declared`` bytes, sends ``sent`` and closes the connection."""
     body = (b"<html><body><p>" + b"t" * declared)[:sent]

@@ -1,0 +1,95 @@
+"""A bound on a response's header block, which Scrapy does not have.
+
+``DOWNLOAD_MAXSIZE`` bounds bodies only. Twisted's HTTP client caps each header
+line (16 KiB) but not how many come, so a server that sends headers without end
+grows the worker until ``DOWNLOAD_TIMEOUT``: measured here with bare Scrapy, 1.76
+GB of memory in 5 s on loopback, then a retry that does it again. Chromium refuses a
+response whose headers pass 256 KiB; webfarm's HTTP client does the same
+(``WEBFARM_MAX_HEADER_BYTES``): it stops reading there, and the request fails with
+:class:`HeadersTooLarge`, which ``middlewares.limits.HttpCompressionMiddleware``
+dead-letters at once, as it does a body over ``DOWNLOAD_MAXSIZE``.
+
+:class:`DownloadHandler` is scrapy-playwright's handler (the browser for the pages
+that need it, Scrapy's HTTP/1.1 client for the rest) with that bound on the client.
+It reaches into Scrapy's private ``_LenientHTTP11ClientProtocol`` (Scrapy swaps the
+parser's class the same way); ``tests/test_hostile.py`` fails if a Scrapy upgrade
+moves it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scrapy.core.downloader.handlers import http11
+from scrapy.crawler import Crawler
+from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
+
+MAX_HEADER_BYTES = 256 * 1024
+
+
+class HeadersTooLarge(Exception):
+    """A response's status line and headers passed ``WEBFARM_MAX_HEADER_BYTES``."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"response headers over WEBFARM_MAX_HEADER_BYTES ({limit} B)")
+        self.limit = limit
+
+
+def headers_too_large(exception: BaseException) -> HeadersTooLarge | None:
+    """The HeadersTooLarge behind a failed download (Scrapy wraps it in
+    ``DownloadFailedError`` from Twisted's ``ResponseFailed``), or None."""
+    seen: set[int] = set()
+    todo = [exception]
+    while todo:
+        exc = todo.pop()
+        if isinstance(exc, HeadersTooLarge):
+            return exc
+        if id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        todo += [getattr(f, "value", f) for f in getattr(exc, "reasons", None) or ()]
+        todo += [e for e in (exc.__cause__, exc.__context__) if e is not None]
+    return None
+
+
+class _BoundedParser(http11._LenientHTTPClientParser):
+    """Scrapy's lenient response parser, counting the bytes of the header block."""
+
+    max_header_bytes = MAX_HEADER_BYTES
+    header_bytes = 0
+
+    def lineReceived(self, line: bytes) -> None:
+        # Lines come only before the body (the parser reads the body in raw mode).
+        self.header_bytes += len(line) + 2
+        if self.header_bytes > self.max_header_bytes:
+            # Raised into HTTP11ClientProtocol.dataReceived, which drops the connection
+            # and fails the request with it.
+            raise HeadersTooLarge(self.max_header_bytes)
+        super().lineReceived(line)
+
+
+class _BoundedProtocol(http11._LenientHTTP11ClientProtocol):
+    max_header_bytes = MAX_HEADER_BYTES
+
+    def request(self, request: Any) -> Any:
+        d = super().request(request)
+        assert self._parser is not None  # as in Scrapy's own class swap
+        self._parser.__class__ = _BoundedParser
+        self._parser.max_header_bytes = self.max_header_bytes
+        return d
+
+
+class DownloadHandler(ScrapyPlaywrightDownloadHandler):
+    """scrapy-playwright's handler; its HTTP client's headers bounded (see the module)."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        limit = crawler.settings.getint("WEBFARM_MAX_HEADER_BYTES", MAX_HEADER_BYTES)
+        if limit > 0:
+            protocol = type("BoundedProtocol", (_BoundedProtocol,), {"max_header_bytes": limit})
+
+            class Factory(http11._LenientHTTP11ClientFactory):
+                def buildProtocol(self, addr: Any) -> Any:
+                    return protocol(self._quiescentCallback)
+
+            self._pool._factory = Factory
