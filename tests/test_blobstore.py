@@ -146,6 +146,27 @@ def test_s3_store(s3_server, s3_bucket):
     assert gzip.decompress(obj["Body"].read()) == BODY == gz.get(blob_key(HASH))
 
 
+def test_s3_metadata_fits_s3s_limit_whatever_the_page_sent(s3_server, s3_bucket):
+    """S3 refuses a PUT whose metadata passes 2 KB, with a 400 every retry gets again
+    (moto does not check it: the test measures what S3 would count)."""
+    store = open_blob_store(f"s3://{s3_bucket}/meta", endpoint_url=s3_server.url)
+    url = "http://shop.test/r?" + "é" * 3000 + "&x=" + "y" * 12000  # a redirect target
+    long = {"url": url, "content-type": "text/html; " + "q" * 3000,
+            "fetched-at": "2026-12-05T12:00:00+00:00"}
+    assert store.put_once(blob_key(HASH), BODY, long)
+    client = boto3.client("s3", endpoint_url=s3_server.url)
+    sent = client.head_object(Bucket=s3_bucket, Key="meta/" + blob_key(HASH))["Metadata"]
+    assert sum(len(k.encode()) + len(v.encode()) for k, v in sent.items()) <= 2000
+    kept = store.metadata(blob_key(HASH))
+    assert kept["truncated"] == "1" and kept["fetched-at"] == long["fetched-at"]
+    assert url.startswith(kept["url"]) and len(kept["url"]) > 100  # cut, still readable
+    assert long["content-type"].startswith(kept["content-type"])
+    assert store.get(blob_key(HASH)) == BODY
+    # Usual metadata goes as it is.
+    store.put_once(blob_key("ab" * 32), BODY, META)
+    assert store.metadata(blob_key("ab" * 32)) == META
+
+
 def test_s3_missing_bucket(s3_server):
     store = open_blob_store("s3://no-such-bucket-here/x", endpoint_url=s3_server.url)
     with pytest.raises(BlobStoreError, match="does not exist"):

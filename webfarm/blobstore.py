@@ -27,6 +27,37 @@ META_SUFFIX = ".meta.json"
 _NOT_FOUND = ("404", "NoSuchKey", "NotFound")  # S3 error codes of a key that is not there
 
 
+S3_METADATA_BYTES = 2000  # S3 refuses a PUT whose user metadata passes 2 KB (keys and values)
+
+
+def s3_metadata(metadata: dict[str, str]) -> dict[str, str]:
+    """``metadata`` as S3 takes it: ASCII (values percent-encoded) and under its size
+    limit, past which S3 answers 400 to every retry. A long URL (a redirect target may
+    be 16 KB) or a hostile content type is cut to fit and ``truncated`` says so; the
+    index keeps the whole URL."""
+    out = {k: _quote(v) for k, v in metadata.items()}
+    if sum(len(k) + len(v) for k, v in out.items()) <= S3_METADATA_BYTES:
+        return out
+    budget = S3_METADATA_BYTES - sum(map(len, out)) - len("truncated1")
+    names = sorted(out, key=lambda k: len(out[k]))  # shortest first: each takes its share
+    for i, name in enumerate(names):
+        share = budget // (len(names) - i)
+        if len(out[name]) > share:  # the most characters whose encoding fits
+            low, high = 0, len(metadata[name])
+            while low < high:
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if len(_quote(metadata[name][:mid])) <= share else (
+                    low, mid - 1)
+            out[name] = _quote(metadata[name][:low])
+        budget -= len(out[name])
+    out["truncated"] = "1"
+    return out
+
+
+def _quote(value: str) -> str:
+    return quote(value, safe="/:?=&%+;,@")
+
+
 class BlobStoreError(Exception):
     """The store cannot be used; the message says what to do."""
 
@@ -345,8 +376,7 @@ class S3BlobStore(_PutMany):
             Body=self.compression.compress(body),
             ContentEncoding=self.compression.content_encoding,
             ContentType="application/octet-stream",
-            # S3 metadata must be ASCII: values are percent-encoded.
-            Metadata={k: quote(v, safe="/:?=&%+;,@") for k, v in metadata.items()},
+            Metadata=s3_metadata(metadata),
         )
         return True
 
