@@ -149,6 +149,24 @@ def test_items_the_server_refuses_are_counted_as_errors_and_the_rest_stored(
     assert len(refused) == 4 and "Document failed validation (code 121)" in refused[0]
 
 
+def test_an_invalid_item_is_skipped_alone_and_the_pages_other_items_are_stored(
+        index, blobs, caplog):
+    store_pages(index, blobs, 4, skus=4)
+    job = reparser(index, blobs)
+    extract = job.callback
+
+    def with_a_bad_item(response):
+        items = list(extract(response))
+        return [items[0], {"_key": "sku", "sku": ["S1", "S2"]}, *items[1:]]  # .getall()
+
+    job.callback = with_a_bad_item
+    stats = job.run()
+    assert stats.pages == 4 and stats.errors == 4
+    assert stats.created == 4 * 3  # title, product and skus_seen of every page
+    assert index.db.products.count_documents({}) == 4
+    assert any("several values for its key" in r.getMessage() for r in caplog.records)
+
+
 def test_missing_and_damaged_blobs_skip_their_page_and_are_counted(index, blobs, tmp_path):
     urls = store_pages(index, blobs, 6)
     docs = {d["url"]: d for d in index.pages.find()}

@@ -317,11 +317,12 @@ class Reparser:
             for output in self.callback(rebuild_response(doc, body)) or ():
                 if isinstance(output, Request) or output is None:
                     continue
-                entries.append(make_entry(output, self.spider, doc["url"],
-                                          doc.get("content_hash"), now))
-        except ItemError as exc:
-            stats.errors += 1
-            logger.error("reparse: %s", exc)
+                try:
+                    entries.append(make_entry(output, self.spider, doc["url"],
+                                              doc.get("content_hash"), now))
+                except ItemError as exc:  # that item alone, as in a crawl
+                    stats.errors += 1
+                    logger.error("reparse: %s", exc)
         except Exception:  # a callback bug on one page: log it, go on
             stats.errors += 1
             logger.exception("reparse: %s failed on %s", self.spider.name, doc["url"])
