@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from urllib.parse import urlsplit
 
@@ -32,6 +33,8 @@ def db(mongo_uri, mongo_db_name):
     ({"_key": "sku", "sku": ["A1", "A2"]}, r"several values for its key field\(s\) sku.*\.get\(\)"),
     ({"_key": "sku", "sku": "A1", "price.usd": 1}, r"'price\.usd'.*without '\.' or a leading '\$'"),
     ({"_key": "sku", "sku": "A1", "$set": 1}, r"'\$set'.*rename"),
+    ({"_key": "sku", "sku": "A1", "review": json.loads('"great \\ud83d"')},
+     r"not valid Unicode \('\\ud83d', half of a surrogate pair.*encode\('utf-8', 'replace'\)"),
     ({"_key": "sku", "sku": "A1", "text": "x" * (17 * 2**20)},
      r"is 17\.0 MiB as BSON; MongoDB stores documents up to 16 MiB\. Keep long text out"),
 ])

@@ -119,6 +119,11 @@ def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None
     except (bson.errors.InvalidDocument, OverflowError) as exc:
         raise ItemError(f"{type(item).__name__} from {source_url} cannot be stored: {exc}; "
                         "use str, numbers, bool, lists, dicts or datetimes") from None
+    except UnicodeEncodeError as exc:  # a lone surrogate: json.loads of "\ud83d" (half an emoji)
+        raise ItemError(f"{type(item).__name__} from {source_url} has text that is not valid "
+                        f"Unicode ({exc.object[exc.start:exc.end]!r}, half of a surrogate "
+                        "pair, as JSON escapes of a cut emoji give); clean it in the spider, "
+                        "e.g. text.encode('utf-8', 'replace').decode()") from None
     bad = [n for n in fields if not n or n.startswith("$") or "." in n]
     if bad:
         raise ItemError(f"{type(item).__name__} from {source_url} has field name(s) "
