@@ -63,6 +63,17 @@ def mongo_db_name() -> str:
     return f"wf_{uuid.uuid4().hex[:10]}"
 
 
+@pytest.fixture()
+def mongo_db(mongo_uri: str, mongo_db_name: str):
+    """That database on a client of the test's own (tz-aware), dropped at the end."""
+    import pymongo
+
+    client = pymongo.MongoClient(mongo_uri, tz_aware=True)
+    yield client[mongo_db_name]
+    client.drop_database(mongo_db_name)
+    client.close()
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Server]:
     server = servers.moto_s3(tmp_path_factory.mktemp("moto")).start()

@@ -8,7 +8,6 @@ import json
 import time
 from urllib.parse import urlsplit
 
-import pymongo
 import pytest
 
 from tests import crawlcheck, runner
@@ -19,14 +18,6 @@ NOW = dt.datetime(2026, 12, 5, tzinfo=dt.timezone.utc)
 # A data team's rule on its products collection: SKUs end in an even digit.
 EVEN_SKUS = {"$jsonSchema": {"properties": {"sku": {"bsonType": "string",
                                                     "pattern": "[02468]$"}}}}
-
-
-@pytest.fixture()
-def db(mongo_uri, mongo_db_name):
-    client = pymongo.MongoClient(mongo_uri, tz_aware=True)
-    yield client[mongo_db_name]
-    client.drop_database(mongo_db_name)
-    client.close()
 
 
 @pytest.mark.parametrize(("item", "message"), [
@@ -43,9 +34,9 @@ def test_an_item_mongodb_cannot_hold_is_refused_with_what_to_fix(item, message):
         make_entry(item, None, "http://s/1", None, NOW)
 
 
-def test_a_document_the_server_refuses_fails_alone_and_the_batch_is_stored(db):
-    db.create_collection("products", validator=EVEN_SKUS)
-    store = ItemStore(db)
+def test_a_document_the_server_refuses_fails_alone_and_the_batch_is_stored(mongo_db):
+    mongo_db.create_collection("products", validator=EVEN_SKUS)
+    store = ItemStore(mongo_db)
     entries = [make_entry({"_collection": "products", "_key": "sku", "sku": sku},
                           None, f"http://s/{sku}", None, NOW) for sku in ("A2", "A3", "A4")]
     # Past make_entry's check (say, a limit lower than MongoDB's): the server's own answer.
@@ -60,17 +51,17 @@ def test_a_document_the_server_refuses_fails_alone_and_the_batch_is_stored(db):
     assert str(results[1]).startswith('MongoDB refused products item "A3": Document failed '
                                       "validation (code 121)")
     assert "(code 10334)" in str(results[3])
-    assert sorted(d["_id"] for d in db.products.find()) == ["A2", "A4"]
-    assert [d["_id"] for d in db.notes.find()] == ["http://s/n"]
+    assert sorted(d["_id"] for d in mongo_db.products.find()) == ["A2", "A4"]
+    assert [d["_id"] for d in mongo_db.notes.find()] == ["http://s/n"]
     # The same batch again: stored ones unchanged, the refused one refused again.
     again = store.write_items(entries)
     assert again[0] == again[2] == "unchanged" and isinstance(again[1], ItemError)
 
 
 def test_a_crawl_dead_letters_pages_whose_items_are_refused_and_stores_the_rest(
-        web, stores, db):
+        web, stores, mongo_db):
     base = web.base_urls[0]
-    db.create_collection("products", validator=EVEN_SKUS)
+    mongo_db.create_collection("products", validator=EVEN_SKUS)
     env = runner.env_for(**stores, WEBFARM_STORAGE_RETRY_SECONDS="120")
     args = ["crawl", "test_products", "-a", f"start={base}/", *SPIDERS]
     started = time.monotonic()
@@ -79,7 +70,7 @@ def test_a_crawl_dead_letters_pages_whose_items_are_refused_and_stores_the_rest(
     # Nothing waited out a refusal as if MongoDB were down (120 s a batch).
     assert time.monotonic() - started < 90
     skus = 36  # 3 categories x 12 products (TestWeb defaults)
-    stored = {d["_id"] for d in db.products.find()}
+    stored = {d["_id"] for d in mongo_db.products.find()}
     assert len(stored) == skus // 2 and all(s[-1] in "02468" for s in stored)
 
     dead = crawlcheck.dead_letters(stores["REDIS_URL"], "test_products")
@@ -94,18 +85,18 @@ def test_a_crawl_dead_letters_pages_whose_items_are_refused_and_stores_the_rest(
     assert crawlcheck.stat(crawl.output, "webfarm/items/refused") == skus
     # The pages themselves and their other items are stored.
     pages = len(web.expected_pages(base))
-    assert db.pages.count_documents({}) == pages
-    assert db.page_title.count_documents({}) == pages
-    assert db.skus_seen.count_documents({}) == skus
+    assert mongo_db.pages.count_documents({}) == pages
+    assert mongo_db.page_title.count_documents({}) == pages
+    assert mongo_db.skus_seen.count_documents({}) == skus
 
     # The rule was wrong: drop it, requeue the dead letters, crawl again.
-    db.command("collMod", "products", validator={})
+    mongo_db.command("collMod", "products", validator={})
     requeued = runner.scrapy(["dlq", "test_products", "--requeue", *SPIDERS], env)
     assert f"requeued {skus} dead letters" in requeued.output, requeued.output[-2000:]
     web.clear_hits()
     again = runner.scrapy(args, env, 180)
     assert again.returncode == 0, again.output[-3000:]
-    assert db.products.count_documents({}) == skus
+    assert mongo_db.products.count_documents({}) == skus
     assert crawlcheck.dead_letters(stores["REDIS_URL"], "test_products") == {}
     # Only the requeued pages were fetched again.
     assert sorted(h.path for h in web.hits if h.path != "/robots.txt") == sorted(

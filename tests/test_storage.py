@@ -281,14 +281,6 @@ def test_a_write_failing_past_the_limit_fails_the_item(store):
         _fail_updates(store.client, False)
 
 
-@pytest.fixture()
-def items_db(mongo_uri, mongo_db_name):
-    client = pymongo.MongoClient(mongo_uri, tz_aware=True)
-    yield client[mongo_db_name]
-    client.drop_database(mongo_db_name)
-    client.close()
-
-
 class Offer(scrapy.Item):
     key_fields = ("shop", "sku")
     shop = scrapy.Field()
@@ -301,8 +293,8 @@ class SiteSpider:
     item_collection = "things"
 
 
-def test_items_go_to_one_collection_per_type_keyed_as_declared(items_db):
-    store = ItemStore(items_db)
+def test_items_go_to_one_collection_per_type_keyed_as_declared(mongo_db):
+    store = ItemStore(mongo_db)
     now = dt.datetime.now(dt.timezone.utc)
 
     def entries(price: str):
@@ -314,35 +306,35 @@ def test_items_go_to_one_collection_per_type_keyed_as_declared(items_db):
     assert store.write_items(entries("1.00")) == ["created", "created"]
     assert store.write_items(entries("1.00")) == ["unchanged", "unchanged"]
     assert store.write_items(entries("2.00")) == ["changed", "unchanged"]
-    offer = items_db.offer.find_one()
+    offer = mongo_db.offer.find_one()
     assert offer["_id"] == {"shop": "a", "sku": "1"} and offer["price"] == "2.00"
     assert offer["source_url"] == "http://s/1" and offer["content_hash"] == "ab" * 32
     assert offer["extractor_version"] == "3" and offer["extracted_at"] is not None
-    assert items_db.things.find_one({"_id": 7})["name"] == "n"
-    assert "shop_1_sku_1" in items_db.offer.index_information()
+    assert mongo_db.things.find_one({"_id": 7})["name"] == "n"
+    assert "shop_1_sku_1" in mongo_db.offer.index_information()
     with pytest.raises(ItemError, match="no value for its key"):
         make_entry(Offer(shop="a", price="1"), SiteSpider, "http://s/3", None, now)
     with pytest.raises(ItemError, match="cannot be stored"):
         make_entry({"id": 1, "x": {1, 2}}, SiteSpider, "http://s/4", None, now)
 
 
-def test_item_collections_index_their_key_and_the_fields_named_in_settings(items_db):
+def test_item_collections_index_their_key_and_the_fields_named_in_settings(mongo_db):
     now = dt.datetime.now(dt.timezone.utc)
     offer = make_entry(Offer(shop="a", sku="1", price="1"), SiteSpider, "http://s/1", "ab", now)
-    ItemStore(items_db).write_items([offer])
-    assert sorted(items_db.offer.index_information()) == ["_id_", "shop_1_sku_1"]
+    ItemStore(mongo_db).write_items([offer])
+    assert sorted(mongo_db.offer.index_information()) == ["_id_", "shop_1_sku_1"]
 
     indexes = index_fields(Settings({"WEBFARM_ITEM_INDEXES": "source_url, content_hash,name"}))
     assert indexes == ("source_url", "content_hash", "name")
     thing = make_entry({"_key": "name", "name": "n"}, SiteSpider, "http://s/2", None, now)
-    ItemStore(items_db, indexes=indexes).write_items([thing])
+    ItemStore(mongo_db, indexes=indexes).write_items([thing])
     # name is the key: its index is the key's, not a second one
-    assert sorted(items_db.things.index_information()) == [
+    assert sorted(mongo_db.things.index_information()) == [
         "_id_", "content_hash_1", "name_1", "source_url_1"]
     shop = make_entry(Offer(shop="b", sku="2", price="1"), SiteSpider, "http://s/3", "cd", now)
-    ItemStore(items_db, indexes=("shop", "sku")).write_items([shop])
+    ItemStore(mongo_db, indexes=("shop", "sku")).write_items([shop])
     # shop leads the key's compound index, which serves queries on it; sku does not lead
-    assert sorted(items_db.offer.index_information()) == ["_id_", "shop_1_sku_1", "sku_1"]
+    assert sorted(mongo_db.offer.index_information()) == ["_id_", "shop_1_sku_1", "sku_1"]
     for bad in (["source url"], ["$where"], [""]):
         with pytest.raises(ConfigError, match="WEBFARM_ITEM_INDEXES.*not a field name"):
             index_fields(Settings({"WEBFARM_ITEM_INDEXES": bad}))
