@@ -20,12 +20,13 @@ from scrapy.utils.test import get_crawler
 
 from pipelines.blobs import BlobStorePipeline
 from pipelines.index import IndexPipeline
-from webfarm.blobstore import FileBlobStore, S3BlobStore, blob_key
+from webfarm.blobstore import FileBlobStore, blob_key
 from webfarm.config import ConfigError
 from webfarm.content import fingerprint
 from webfarm.index import APPLIED_KEEP, FixedRefetch, IndexStore, load_refetch_policy
 from webfarm.items import PageItem
 from webfarm.itemstore import ItemError, ItemStore, index_fields, make_entry
+from webfarm.s3store import S3BlobStore
 from webfarm.threads import StorageThreads
 from webfarm.urls import url_fingerprint
 

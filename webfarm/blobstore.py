@@ -21,41 +21,9 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 META_SUFFIX = ".meta.json"
-_NOT_FOUND = ("404", "NoSuchKey", "NotFound")  # S3 error codes of a key that is not there
-
-
-S3_METADATA_BYTES = 2000  # S3 refuses a PUT whose user metadata passes 2 KB (keys and values)
-
-
-def s3_metadata(metadata: dict[str, str]) -> dict[str, str]:
-    """``metadata`` as S3 takes it: ASCII (values percent-encoded) and under its size
-    limit, past which S3 answers 400 to every retry. A long URL (a redirect target may
-    be 16 KB) or a hostile content type is cut to fit and ``truncated`` says so; the
-    index keeps the whole URL."""
-    out = {k: _quote(v) for k, v in metadata.items()}
-    if sum(len(k) + len(v) for k, v in out.items()) <= S3_METADATA_BYTES:
-        return out
-    budget = S3_METADATA_BYTES - sum(map(len, out)) - len("truncated1")
-    names = sorted(out, key=lambda k: len(out[k]))  # shortest first: each takes its share
-    for i, name in enumerate(names):
-        share = budget // (len(names) - i)
-        if len(out[name]) > share:  # the most characters whose encoding fits
-            low, high = 0, len(metadata[name])
-            while low < high:
-                mid = (low + high + 1) // 2
-                low, high = (mid, high) if len(_quote(metadata[name][:mid])) <= share else (
-                    low, mid - 1)
-            out[name] = _quote(metadata[name][:low])
-        budget -= len(out[name])
-    out["truncated"] = "1"
-    return out
-
-
-def _quote(value: str) -> str:
-    return quote(value, safe="/:?=&%+;,@")
 
 
 class BlobStoreError(Exception):
@@ -164,7 +132,7 @@ class BlobStore(Protocol):
     def iter_keys(self, prefix: str = "raw/") -> Iterator[str]: ...
 
 
-class _PutMany:
+class PutMany:
     """``put_many`` for both stores: one call (one round trip to the storage process)
     for many writes, which run ``concurrency`` at a time in a pool of the store's own."""
 
@@ -202,7 +170,7 @@ class _PutMany:
         return results
 
 
-class FileBlobStore(_PutMany):
+class FileBlobStore(PutMany):
     """Blobs as files; a write goes to a temp file, is fsynced and renamed into place,
     so a crash never leaves a half-written blob under its final name."""
 
@@ -301,112 +269,10 @@ class FileBlobStore(_PutMany):
                 yield path.relative_to(self.root).as_posix()
 
 
-class S3BlobStore(_PutMany):
-    """Blobs in an S3 bucket (AWS or any S3-compatible endpoint).
-
-    botocore's "standard" retry mode handles throttling and transient errors;
-    the client's connection pool bounds concurrency with the pipeline's threads.
-    """
-
-    def __init__(
-        self, bucket: str, prefix: str = "", endpoint_url: str | None = None,
-        max_connections: int = 16, uri: str | None = None, max_attempts: int = 5,
-        compression: Compression | None = None,
-    ) -> None:
-        import boto3
-        from botocore.config import Config
-
-        self.bucket = bucket
-        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
-        self.endpoint_url = endpoint_url
-        self.uri = uri or f"s3://{bucket}/{self.prefix}"
-        self.compression = compression or Compression()
-        # Pickled as what opens it again (the storage process gets a client of its own).
-        self._recipe = (bucket, prefix, endpoint_url, max_connections, self.uri, max_attempts,
-                        self.compression)
-        config = Config(
-            retries={"mode": "standard", "max_attempts": max_attempts},
-            max_pool_connections=max_connections,
-            connect_timeout=5,
-            read_timeout=30,
-        )
-        self.client = boto3.session.Session().client(
-            "s3", endpoint_url=endpoint_url, config=config
-        )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (S3BlobStore, self._recipe)
-
-    def check(self) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        where = f" at {self.endpoint_url}" if self.endpoint_url else ""
-        try:
-            self.client.head_bucket(Bucket=self.bucket)
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code in ("404", "NoSuchBucket"):
-                raise BlobStoreError(
-                    f"bucket {self.bucket!r} does not exist{where}; create it or fix the URI"
-                ) from None
-            raise BlobStoreError(f"bucket {self.bucket!r}{where}: {code or exc}") from None
-        except BotoCoreError as exc:
-            raise BlobStoreError(
-                f"cannot reach S3{where} ({exc}); check AWS_ENDPOINT_URL and credentials"
-            ) from None
-
-    def exists(self, key: str) -> bool:
-        from botocore.exceptions import ClientError
-
-        try:
-            self.client.head_object(Bucket=self.bucket, Key=self.prefix + key)
-            return True
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
-                return False
-            raise
-
-    def put_once(self, key: str, body: bytes, metadata: dict[str, str]) -> bool:
-        """Write ``body`` (compressed) unless ``key`` exists; True if written now."""
-        if self.exists(key):
-            return False
-        self.client.put_object(
-            Bucket=self.bucket,
-            Key=self.prefix + key,
-            Body=self.compression.compress(body),
-            ContentEncoding=self.compression.content_encoding,
-            ContentType="application/octet-stream",
-            Metadata=s3_metadata(metadata),
-        )
-        return True
-
-    def get(self, key: str) -> bytes:
-        """The body under ``key``; BlobMissing or BlobDamaged when there is none to read."""
-        from botocore.exceptions import ClientError
-
-        try:
-            obj = self.client.get_object(Bucket=self.bucket, Key=self.prefix + key)
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
-                raise BlobMissing(f"no blob {key} in {self.uri}") from None
-            raise
-        return decompress(obj["Body"].read())
-
-    def metadata(self, key: str) -> dict[str, str]:
-        head = self.client.head_object(Bucket=self.bucket, Key=self.prefix + key)
-        return {k: unquote(v) for k, v in head.get("Metadata", {}).items()}
-
-    def iter_keys(self, prefix: str = "raw/") -> Iterator[str]:
-        paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
-            for obj in page.get("Contents", []):
-                yield obj["Key"][len(self.prefix):]
-
-
 def open_blob_store(
     uri: str, endpoint_url: str | None = None, max_attempts: int = 5, max_connections: int = 16,
     compression: Compression | None = None,
-) -> FileBlobStore | S3BlobStore:
+) -> BlobStore:
     """A store for ``s3://bucket/prefix`` or ``file:///path``; ``max_attempts`` is
     botocore's retry budget per S3 call, ``max_connections`` its connection pool,
     ``compression`` how it writes new blobs (it reads both kinds)."""
@@ -418,6 +284,8 @@ def open_blob_store(
     if parts.scheme == "s3":
         if not parts.netloc:
             raise BlobStoreError(f"S3 URI {uri!r} has no bucket; use s3://bucket/prefix")
+        from webfarm.s3store import S3BlobStore
+
         return S3BlobStore(parts.netloc, parts.path, endpoint_url=endpoint_url, uri=uri,
                            max_attempts=max_attempts, max_connections=max_connections,
                            compression=compression)
