@@ -33,9 +33,9 @@ from itemadapter import ItemAdapter
 from pymongo import InsertOne, UpdateOne
 from pymongo.database import Database
 
+from webfarm.bulkwrite import WriteOp, write_unordered
 from webfarm.config import ConfigError
 from webfarm.exceptions import ItemError
-from webfarm.index import WriteOp, write_unordered
 
 CREATED, CHANGED, UNCHANGED = "created", "changed", "unchanged"
 DEFAULT_COLLECTION = "items"
