@@ -43,4 +43,4 @@ class RetryLater(IgnoreRequest):
 class ItemError(ValueError):
     """An item that cannot be stored as declared; the message says what to fix. Fetching
     the page again gives the same item, so a crawl dead-letters its page at once (it can
-    be requeued with ``scrapy dlq requeue`` once the spider or the collection is fixed)."""
+    be requeued with ``scrapy dlq SPIDER --requeue`` once the spider or collection is fixed)."""
