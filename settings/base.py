@@ -61,6 +61,8 @@ CONCURRENT_REQUESTS_PER_DOMAIN = 8
 DOWNLOAD_TIMEOUT = 30
 DOWNLOAD_MAXSIZE = 32 * 1024 * 1024
 DOWNLOAD_WARNSIZE = 8 * 1024 * 1024
+# Links followed from one page: its first anchors only (webfarm/links.py; 0: all).
+WEBFARM_MAX_LINKS_PER_PAGE = 10_000
 COOKIES_ENABLED = False
 TELNETCONSOLE_ENABLED = False
 # Scrapy 2.19's remote-control HTTP endpoint runs code sent to it: off in a crawler fleet.

@@ -7,7 +7,9 @@ site spider only its extraction: override :meth:`extract`.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
@@ -18,8 +20,11 @@ from scrapy.http import Response, TextResponse
 from scrapy.linkextractors import LinkExtractor
 
 from webfarm.items import ItemSource, PageItem, attach_source
+from webfarm.links import MAX_LINKS_PER_PAGE, extract_links
 from webfarm.render import check_render_arguments
 from webfarm.urls import host_of
+
+logger = logging.getLogger(__name__)
 
 
 def _split(value: str | Iterable[str] | None) -> list[str]:
@@ -144,6 +149,21 @@ class WebfarmSpider(scrapy.Spider):
             yield output
 
     def follow(self, response: TextResponse) -> Iterator[scrapy.Request]:
-        for link in self.link_extractor.extract_links(response):
+        links, more = extract_links(self.link_extractor, response, self.max_links)
+        if more:
+            logger.warning("Followed the links of the first %d anchors of %s, which has more "
+                           "(WEBFARM_MAX_LINKS_PER_PAGE)", self.max_links, response.url)
+            stats = getattr(getattr(self, "crawler", None), "stats", None)
+            if stats is not None:
+                stats.inc_value("webfarm/links/capped")
+        for link in links:
             if self.in_scope(link.url):
                 yield response.follow(link.url, callback=self.parse)
+
+    @functools.cached_property
+    def max_links(self) -> int:
+        """``WEBFARM_MAX_LINKS_PER_PAGE``, read once (0: no limit)."""
+        settings = getattr(self, "settings", None)
+        if settings is None:
+            return MAX_LINKS_PER_PAGE
+        return settings.getint("WEBFARM_MAX_LINKS_PER_PAGE", MAX_LINKS_PER_PAGE)
