@@ -7,7 +7,6 @@ site spider only its extraction: override :meth:`extract`.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import time
@@ -49,6 +48,7 @@ class WebfarmSpider(scrapy.Spider):
     hosts: list[str] = []
     follow_links = True
     link_extractor = LinkExtractor(unique=True)
+    max_links = MAX_LINKS_PER_PAGE  # WEBFARM_MAX_LINKS_PER_PAGE in a crawl (0: no limit)
 
     def __init__(
         self, start: str | None = None, domains: str | None = None,
@@ -62,6 +62,19 @@ class WebfarmSpider(scrapy.Spider):
         self.allowed_domains = sorted({urlsplit(f"//{h}").hostname or h for h in self.hosts})
         self.max_pages = args["max_pages"]
         self.pages_seen = 0
+
+    @classmethod
+    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> Any:
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        raw = crawler.settings.get("WEBFARM_MAX_LINKS_PER_PAGE", MAX_LINKS_PER_PAGE)
+        try:
+            spider.max_links = int(raw)
+        except (TypeError, ValueError):
+            spider.max_links = -1
+        if spider.max_links < 0:
+            raise ValueError(f"WEBFARM_MAX_LINKS_PER_PAGE={raw!r} is not a whole number of "
+                             "anchors; 0 means no limit")
+        return spider
 
     @classmethod
     def check_arguments(cls, **spargs: Any) -> dict[str, Any]:
@@ -160,10 +173,3 @@ class WebfarmSpider(scrapy.Spider):
             if self.in_scope(link.url):
                 yield response.follow(link.url, callback=self.parse)
 
-    @functools.cached_property
-    def max_links(self) -> int:
-        """``WEBFARM_MAX_LINKS_PER_PAGE``, read once (0: no limit)."""
-        settings = getattr(self, "settings", None)
-        if settings is None:
-            return MAX_LINKS_PER_PAGE
-        return settings.getint("WEBFARM_MAX_LINKS_PER_PAGE", MAX_LINKS_PER_PAGE)

@@ -4,7 +4,9 @@ the extractor stops reading there, and the cut is logged and counted."""
 from __future__ import annotations
 
 import logging
+import re
 
+import pytest
 from scrapy.http import HtmlResponse
 from scrapy.linkextractors import LinkExtractor
 from scrapy.utils.test import get_crawler
@@ -70,6 +72,13 @@ def test_the_extractor_stops_reading_at_the_limit_and_is_left_as_it_was():
     assert "_iter_links" not in vars(extractor.link_extractor)
     full, more = extract_links(extractor, page(300), 0)
     assert (len(full), more) == (300, False)
+
+
+@pytest.mark.parametrize("value", ["many", "-1", "2.5"])
+def test_a_bad_limit_stops_the_crawl_at_start_saying_what_is_wanted(value):
+    with pytest.raises(ValueError, match=rf"WEBFARM_MAX_LINKS_PER_PAGE='{re.escape(value)}' "
+                       "is not a whole number of anchors; 0 means no limit"):
+        spider(WEBFARM_MAX_LINKS_PER_PAGE=value)
 
 
 def test_another_kind_of_extractor_is_cut_after():
