@@ -33,7 +33,7 @@ from w3lib.encoding import (
 )
 
 from webfarm.exceptions import DeadLetter, RetryLater
-from webfarm.headerlimit import headers_too_large
+from webfarm.headerlimit import header_limit, headers_too_large
 from webfarm.urls import canonical_url
 
 logger = logging.getLogger(__name__)
@@ -54,6 +54,8 @@ class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
     def __init__(self, stats: Any = None, *, crawler: Crawler | None = None) -> None:
         super().__init__(stats, crawler=crawler)
         self.crawler = crawler
+        if crawler is not None:
+            header_limit(crawler.settings)  # a bad value stops the crawl here, at start
 
     def process_response(
         self, request: Request, response: Response, spider: Spider | None = None

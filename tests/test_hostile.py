@@ -8,7 +8,9 @@ them mixed with good pages too), then each outcome is checked on its own.
 from __future__ import annotations
 
 import pytest
+from scrapy.utils.test import get_crawler
 
+from middlewares.limits import HttpCompressionMiddleware
 from tests import crawlcheck, runner
 from tests.testweb import Response
 from tests.testweb import hostile as h
@@ -154,3 +156,13 @@ def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
     assert set(pages) == {base + p for p in starts
                           if p.startswith(("/charset/", "/broken", "/odd-headers"))}
     assert growth < 96 * MIB, f"peak RSS grew by {growth / MIB:.0f} MiB"
+
+
+@pytest.mark.parametrize("value", ["lots", "-1"])
+def test_a_bad_header_limit_stops_the_crawl_at_start(value):
+    # Scrapy loads the download handler at the first request and only logs its errors:
+    # every fetch would fail. The middleware reads the setting when the crawl starts.
+    crawler = get_crawler(settings_dict={"WEBFARM_MAX_HEADER_BYTES": value})
+    with pytest.raises(ValueError, match=rf"WEBFARM_MAX_HEADER_BYTES='{value}' is not a whole "
+                       r"number of bytes; 0 means unbounded \(default 262144\)"):
+        HttpCompressionMiddleware.from_crawler(crawler)

@@ -35,6 +35,21 @@ class HeadersTooLarge(Exception):
         self.limit = limit
 
 
+def header_limit(settings: Any) -> int:
+    """``WEBFARM_MAX_HEADER_BYTES`` (0: unbounded); ValueError saying what is wanted.
+    ``middlewares.limits`` reads it at start too: Scrapy loads a download handler at
+    the first request and only logs its errors, so every fetch would then fail."""
+    raw = settings.get("WEBFARM_MAX_HEADER_BYTES", MAX_HEADER_BYTES)
+    try:
+        limit = int(raw)
+    except (TypeError, ValueError):
+        limit = -1
+    if limit < 0:
+        raise ValueError(f"WEBFARM_MAX_HEADER_BYTES={raw!r} is not a whole number of bytes; "
+                         f"0 means unbounded (default {MAX_HEADER_BYTES})")
+    return limit
+
+
 def headers_too_large(exception: BaseException) -> HeadersTooLarge | None:
     """The HeadersTooLarge behind a failed download (Scrapy wraps it in
     ``DownloadFailedError`` from Twisted's ``ResponseFailed``), or None."""
@@ -84,7 +99,7 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
 
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
-        limit = crawler.settings.getint("WEBFARM_MAX_HEADER_BYTES", MAX_HEADER_BYTES)
+        limit = header_limit(crawler.settings)
         if limit > 0:
             protocol = type("BoundedProtocol", (_BoundedProtocol,), {"max_header_bytes": limit})
 
