@@ -11,10 +11,11 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 import scrapy
+from scrapy.crawler import Crawler
 from scrapy.http import Response, TextResponse
 from scrapy.linkextractors import LinkExtractor
 
@@ -64,7 +65,7 @@ class WebfarmSpider(scrapy.Spider):
         self.pages_seen = 0
 
     @classmethod
-    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> Any:
+    def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
         spider = super().from_crawler(crawler, *args, **kwargs)
         raw = crawler.settings.get("WEBFARM_MAX_LINKS_PER_PAGE", MAX_LINKS_PER_PAGE)
         try:
@@ -172,4 +173,3 @@ class WebfarmSpider(scrapy.Spider):
         for link in links:
             if self.in_scope(link.url):
                 yield response.follow(link.url, callback=self.parse)
-
