@@ -22,6 +22,9 @@ from collections.abc import Callable
 
 
 class Relay:
+    """A relay on ``host`` (a free port) to ``target`` (a port on 127.0.0.1, or host and
+    port); see the module docstring for its switches."""
+
     def __init__(self, target: tuple[str, int] | int, delay: float = 0.0,
                  host: str = "127.0.0.1") -> None:
         self.target = ("127.0.0.1", target) if isinstance(target, int) else target
@@ -56,6 +59,8 @@ class Relay:
 
     def close(self) -> None:
         self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread in accept()
         with contextlib.suppress(OSError):
             self._listener.close()
         self._end_all(close=True)
