@@ -43,7 +43,7 @@ def test_a_document_the_server_refuses_fails_alone_and_the_batch_is_stored(mongo
     huge = ItemEntry("notes", "big", ("id",), {"id": "big", "text": "x" * (17 * 2**20)},
                      "http://s/big", None, NOW, None)
     small = make_entry({"_collection": "notes", "id": "small"}, None, "http://s/n", None, NOW)
-    results = store.write_items([*entries, huge, small])  # before: BulkWriteError, all lost
+    results = store.write_items([*entries, huge, small])  # before: one BulkWriteError
     assert [r if isinstance(r, str) else "refused" for r in results] == [
         CREATED, "refused", CREATED, "refused", CREATED]
     assert str(results[1]).startswith('MongoDB refused products item "A3": Document failed '
