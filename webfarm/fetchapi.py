@@ -117,11 +117,17 @@ class FetchAPI:
         if problems:
             raise FetchAPIError("fetch API answer breaks the contract: " + "; ".join(problems),
                                 retry=False)
-        kept: dict[str, str] = {str(k): str(v) for k, v in headers.items()
+        # JSON can carry half a surrogate pair ("\ud83d": a cut emoji), which UTF-8 cannot:
+        # headers get "?" for it, the body keeps its bytes (read back as U+FFFD).
+        kept: dict[str, str] = {_valid(k): _valid(v) for k, v in headers.items()
                                 if str(k).lower() not in _DROPPED_HEADERS}
         kept["Content-Type"] = "text/html; charset=utf-8"
         if final_url != request.url:
             request.meta.setdefault("redirect_urls", [request.url])
         return HtmlResponse(final_url, status=status, headers=kept,
-                            body=str(content).encode("utf-8"), encoding="utf-8",
+                            body=content.encode("utf-8", "surrogatepass"), encoding="utf-8",
                             request=request, flags=[FLAG])
+
+
+def _valid(value: Any) -> str:
+    return str(value).encode("utf-8", "replace").decode("utf-8")
