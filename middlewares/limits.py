@@ -32,8 +32,8 @@ from w3lib.encoding import (
     resolve_encoding,
 )
 
+from webfarm.download import header_limit, headers_too_large
 from webfarm.exceptions import DeadLetter, RetryLater
-from webfarm.headerlimit import header_limit, headers_too_large
 from webfarm.urls import canonical_url
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def _inc(crawler: Any, key: str) -> None:
 class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
     """Scrapy's decompression (bounded by ``DOWNLOAD_MAXSIZE``), plus: a body over the
     limit, on the wire or once inflated, is dead-lettered, never retried; so are headers
-    over ``WEBFARM_MAX_HEADER_BYTES`` (:mod:`webfarm.headerlimit`)."""
+    over ``WEBFARM_MAX_HEADER_BYTES`` (:mod:`webfarm.download`)."""
 
     def __init__(self, stats: Any = None, *, crawler: Crawler | None = None) -> None:
         super().__init__(stats, crawler=crawler)

@@ -185,10 +185,10 @@ WEBFARM_RENDER_MIN_TEXT = 50  # visible characters below which a page with scrip
 # The browser (scrapy-playwright on a system Chromium, found on PATH or $WEBFARM_CHROMIUM).
 # Only requests with meta["playwright"] use it; the driver starts with the first of them.
 # scrapy-playwright's handler, with the HTTP client's response headers bounded
-# (webfarm/headerlimit.py): a server that sends headers without end is dead-lettered.
+# (webfarm/download.py): a server that sends headers without end is dead-lettered.
 DOWNLOAD_HANDLERS = {
-    "http": "webfarm.headerlimit.DownloadHandler",
-    "https": "webfarm.headerlimit.DownloadHandler",
+    "http": "webfarm.download.DownloadHandler",
+    "https": "webfarm.download.DownloadHandler",
 }
 WEBFARM_MAX_HEADER_BYTES = 256 * 1024  # Chromium's limit; 0: unbounded (Scrapy's way)
 PLAYWRIGHT_BROWSER_PROVIDER = "webfarm.browser.SystemChromiumProvider"

@@ -307,6 +307,25 @@ def test_browser_failure_falls_back_to_the_api_and_is_remembered(web, stores, re
                                "file; fix it or unset it") == 1
 
 
+def test_a_rendered_page_with_half_a_surrogate_pair_is_stored(web, stores, redis_url):
+    """A JavaScript string may hold half a surrogate pair (a cut emoji); the DOM keeps it
+    and scrapy-playwright could not encode the page: a failed download, rendered again
+    WEBFARM_RETRY_TIMES times, then dead-lettered."""
+    base = web.base_urls[0]
+    web.route("/cut-emoji", Response.html(
+        "<html><body><p id='x'>loading</p><script>document.getElementById('x')"
+        ".textContent = 'great ' + String.fromCharCode(0xD83D);</script></body></html>"),
+        host=base)
+    crawl(runner.env_for(**stores), "-a", f"start={base}/cut-emoji", "-a", "render=browser",
+          "-a", "max_pages=1")
+    doc = pages(stores)[f"{base}/cut-emoji"]
+    assert doc["fetch_method"] == "browser" and doc["status"] == 200
+    raw = open_blob_store(stores["BLOB_STORE_URI"]).get(doc["blob_key"])
+    assert b"great \xed\xa0\xbd</p>" in raw  # the code unit's bytes; read as U+FFFD
+    assert frontier(redis_url).dead_letters() == []
+    assert len(web.hits_for(host=base, path="/cut-emoji")) == 1
+
+
 def test_missing_chromium_dead_letters_with_the_reason(web, stores, redis_url, tmp_path):
     site = JsSite(pages=1).install(web, web.base_urls[0])
     empty = tmp_path / "bin"

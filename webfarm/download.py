@@ -1,27 +1,33 @@
-"""A bound on a response's header block, which Scrapy does not have.
+"""webfarm's download handler: scrapy-playwright's, with two holes closed.
 
-``DOWNLOAD_MAXSIZE`` bounds bodies only. Twisted's HTTP client caps each header
-line (16 KiB) but not how many come, so a server that sends headers without end
-grows the worker until ``DOWNLOAD_TIMEOUT``: measured here with bare Scrapy, 1.76
-GB of memory in 5 s on loopback, then a retry that does it again. Chromium refuses a
-response whose headers pass 256 KiB; webfarm's HTTP client does the same
+**Headers without end.** ``DOWNLOAD_MAXSIZE`` bounds bodies only. Twisted's HTTP client
+caps each header line (16 KiB) but not how many come, so a server that sends headers
+without end grows the worker until ``DOWNLOAD_TIMEOUT``: measured here with bare Scrapy,
+1.76 GB of memory in 5 s on loopback, then a retry that does it again. Chromium refuses
+a response whose headers pass 256 KiB; webfarm's HTTP client does the same
 (``WEBFARM_MAX_HEADER_BYTES``): it stops reading there, and the request fails with
 :class:`HeadersTooLarge`, which ``middlewares.limits.HttpCompressionMiddleware``
-dead-letters at once, as it does a body over ``DOWNLOAD_MAXSIZE``.
+dead-letters at once, as it does a body over ``DOWNLOAD_MAXSIZE``. This reaches into
+Scrapy's private ``_LenientHTTP11ClientProtocol`` (Scrapy swaps the parser's class the
+same way); ``tests/test_hostile.py`` fails if a Scrapy upgrade moves it.
 
-:class:`DownloadHandler` is scrapy-playwright's handler (the browser for the pages
-that need it, Scrapy's HTTP/1.1 client for the rest) with that bound on the client.
-It reaches into Scrapy's private ``_LenientHTTP11ClientProtocol`` (Scrapy swaps the
-parser's class the same way); ``tests/test_hostile.py`` fails if a Scrapy upgrade
-moves it.
+**Half a surrogate pair in a rendered page.** A JavaScript string may hold one
+(``String.fromCharCode(0xD83D)``, a cut emoji), the DOM keeps it, and scrapy-playwright's
+``_encode_body`` then fails on the page's text with ``UnicodeEncodeError``: the page went
+back to the frontier as a failed download and was rendered again, up to
+``WEBFARM_RETRY_TIMES`` times. Such a text is encoded with those code units' bytes
+(read back as U+FFFD), as :mod:`webfarm.fetchapi` does for the fetch API's answers.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import scrapy_playwright.handler
 from scrapy.core.downloader.handlers import http11
 from scrapy.crawler import Crawler
+from scrapy.http import Headers
+from scrapy_playwright._utils import _encode_body
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 
 MAX_HEADER_BYTES = 256 * 1024
@@ -94,11 +100,24 @@ class _BoundedProtocol(http11._LenientHTTP11ClientProtocol):
         return d
 
 
+
+
+def encode_rendered(headers: Headers, text: str) -> tuple[bytes, str]:
+    """scrapy-playwright's choice of encoding for a rendered page's text, and UTF-8 with
+    surrogates passed through when the text holds half a pair (no encoding takes it)."""
+    try:
+        return _encode_body(headers=headers, text=text)  # the original, from its own module
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass"), "utf-8"
+
+
 class DownloadHandler(ScrapyPlaywrightDownloadHandler):
-    """scrapy-playwright's handler; its HTTP client's headers bounded (see the module)."""
+    """scrapy-playwright's handler with the module's two guards."""
 
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
+        # The handler calls its module's name; set once, for every handler in the process.
+        scrapy_playwright.handler._encode_body = encode_rendered
         limit = header_limit(crawler.settings)
         if limit > 0:
             protocol = type("BoundedProtocol", (_BoundedProtocol,), {"max_header_bytes": limit})
