@@ -1,6 +1,7 @@
-"""What the fetch layer's safety costs: the SSRF check per request, and a gzip bomb.
+"""What the fetch layer's safety costs: the SSRF check per request, a gzip bomb, a header
+flood and a page of links without end.
 
-Run by hand: ``.venv/bin/python bench/bench_guard.py [--quick]`` (about 20 seconds).
+Run by hand: ``.venv/bin/python bench/bench_guard.py [--quick]`` (about 40 seconds).
 
 * SSRF guard: median time of :meth:`webfarm.netguard.NetGuard.check_url` per URL for an
   IP literal, a host name in the guard's cache, and a host name resolved every time (a
@@ -10,6 +11,12 @@ Run by hand: ``.venv/bin/python bench/bench_guard.py [--quick]`` (about 20 secon
   1 MiB, what :class:`middlewares.limits.HttpCompressionMiddleware` relies on) refusing a
   bomb, against inflating the same bomb with no limit, each in a fresh process so the
   peak RSS (``ru_maxrss``) is its own.
+* Header flood: a local server sends a status line and then headers without end; time
+  and peak memory of one fetch through webfarm's download handler with
+  ``WEBFARM_MAX_HEADER_BYTES`` (256 KiB), against the same handler unbounded (0, which
+  is Scrapy's way), which reads until ``DOWNLOAD_TIMEOUT`` (3 s here). Fresh processes.
+* Links: time of taking a page's links with ``WEBFARM_MAX_LINKS_PER_PAGE`` (10,000)
+  against Scrapy's extractor reading all of a page of 200,000 anchors.
 """
 
 from __future__ import annotations
@@ -119,12 +126,98 @@ def bench_bomb(size: int) -> None:
     print(f"  bounded / unbounded: time x{t1 / t0:.3f}, memory x{m1 / max(m0, 1):.3f}")
 
 
+FLOOD_CHILD = r"""
+import resource, socket, sys, threading, time
+from scrapy import Request, Spider
+from scrapy.crawler import CrawlerProcess
+limit, timeout = int(sys.argv[1]), float(sys.argv[2])
+server = socket.create_server(("127.0.0.1", 0))
+def flood():
+    conn, _ = server.accept()
+    conn.recv(65536)
+    line = b"X-Flood: " + b"v" * 8000 + b"\r\n"
+    try:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n")
+        end = time.monotonic() + timeout + 5
+        while time.monotonic() < end:
+            conn.sendall(line * 64)
+    except OSError:
+        pass
+threading.Thread(target=flood, daemon=True).start()
+outcome = []
+class Flood(Spider):
+    name = "flood"
+    async def start(self):
+        yield Request(f"http://127.0.0.1:{server.getsockname()[1]}/", errback=self.failed)
+    def parse(self, response):
+        outcome.append("response")
+    def failed(self, failure):
+        outcome.append(type(failure.value).__name__)
+process = CrawlerProcess({"DOWNLOAD_HANDLERS": {"http": "webfarm.download.DownloadHandler"},
+                          "WEBFARM_MAX_HEADER_BYTES": limit, "DOWNLOAD_TIMEOUT": timeout,
+                          "RETRY_ENABLED": False, "LOG_LEVEL": "CRITICAL"})
+process.crawl(Flood)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+started = time.perf_counter()
+process.start()
+took = time.perf_counter() - started
+grew = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024
+print(f"{took} {grew} {outcome[0] if outcome else 'none'}")
+"""
+
+
+def bench_header_flood(timeout: float) -> None:
+    print(f"\nHeader flood: one fetch, DOWNLOAD_TIMEOUT {timeout:g} s (a fresh process per run, "
+          "median of 3)")
+    results = {}
+    for label, limit in (("unbounded (WEBFARM_MAX_HEADER_BYTES=0)", 0),
+                         ("WEBFARM_MAX_HEADER_BYTES = 256 KiB", 256 * 1024)):
+        runs = []
+        for _ in range(3):
+            out = subprocess.run([sys.executable, "-c", FLOOD_CHILD, str(limit), str(timeout)],
+                                 capture_output=True, text=True, check=True, cwd=ROOT)
+            took, grew, outcome = out.stdout.split()[-3:]
+            runs.append((float(took), int(grew), outcome))
+        took = statistics.median(r[0] for r in runs)
+        grew = statistics.median(r[1] for r in runs)
+        results[limit] = (took, grew)
+        print(f"  {label:<42} {took:8.2f} s   peak RSS +{grew / MIB:7.1f} MiB  ({runs[0][2]})")
+    (t0, m0), (t1, m1) = results[0], results[256 * 1024]
+    print(f"  bounded / unbounded: time x{t1 / t0:.3f}, memory x{m1 / max(m0, 1):.3f}")
+
+
+def bench_links(anchors: int) -> None:
+    from scrapy.http import HtmlResponse
+    from scrapy.linkextractors import LinkExtractor
+
+    from webfarm.links import MAX_LINKS_PER_PAGE, extract_links
+
+    body = ("<html><body>" + "".join(f'<a href="/p/{i}">x</a>' for i in range(anchors))
+            + "</body></html>").encode()
+    print(f"\nLinks: a {len(body) / 1e6:.1f} MB page of {anchors:,} anchors (median of 3)")
+    results = {}
+    for label, limit in (("all (Scrapy's extractor)", 0),
+                         (f"WEBFARM_MAX_LINKS_PER_PAGE = {MAX_LINKS_PER_PAGE:,}",
+                          MAX_LINKS_PER_PAGE)):
+        runs = []
+        for _ in range(3):
+            page = HtmlResponse("http://shop.test/", body=body, encoding="utf-8")
+            started = time.perf_counter()
+            links, _ = extract_links(LinkExtractor(unique=True), page, limit)
+            runs.append(time.perf_counter() - started)
+        results[limit] = statistics.median(runs)
+        print(f"  {label:<42} {results[limit]:8.2f} s   {len(links):,} links")
+    print(f"  bounded / all: time x{results[MAX_LINKS_PER_PAGE] / results[0]:.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls, a smaller bomb")
     args = parser.parse_args(argv)
     bench_guard(2_000 if args.quick else 20_000)
     bench_bomb(64 * MIB if args.quick else 256 * MIB)
+    bench_header_flood(1.0 if args.quick else 3.0)
+    bench_links(50_000 if args.quick else 200_000)
     print(f"\n(bench process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}"
           " MiB)")
     return 0
