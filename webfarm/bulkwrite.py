@@ -42,13 +42,16 @@ def write_unordered(collection: Collection, ops: list[WriteOp],
     try:
         collection.bulk_write(ops, ordered=False)
     except BulkWriteError as exc:
-        errors = exc.details.get("writeErrors", [])
-        for error in errors:
-            if refused is not None and error.get("code") in REFUSED_CODES:
-                refused[error["index"]] = f"{error.get('errmsg', '')} (code {error['code']})"
-        other = [e for e in errors if e.get("code") != DUPLICATE_KEY and e["index"] not in (
-            refused or {})]
-        if other or exc.details.get("writeConcernErrors"):
+        duplicates, other = [], bool(exc.details.get("writeConcernErrors"))
+        for error in exc.details.get("writeErrors", []):
+            code = error.get("code")
+            if code == DUPLICATE_KEY:
+                duplicates.append(error["index"])
+            elif refused is not None and code in REFUSED_CODES:
+                refused[error["index"]] = f"{error.get('errmsg', '')} (code {code})"
+            else:
+                other = True
+        if other:
             raise
-        return sorted(e["index"] for e in errors if e.get("code") == DUPLICATE_KEY)
+        return sorted(duplicates)
     return []

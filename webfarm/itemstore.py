@@ -283,11 +283,12 @@ class ItemStore:
                 again: dict[int, str] = {}
                 write_unordered(coll, [self._upsert(*docs[order[i]]) for i in dup], again)
                 refused.update((dup[j], why) for j, why in again.items())
-            for i, why in refused.items():  # the server's rules (a validator, the size limit)
-                error = ItemError(f"MongoDB refused {name} item {order[i]}: {why}")
+            # The server's rules (a validator, the size limit): every entry of a refused key.
+            errors = {order[i]: ItemError(f"MongoDB refused {name} item {order[i]}: {why}")
+                      for i, why in refused.items()}
+            if errors:
                 for j in idx:
-                    if self._k(entries[j].key) == order[i]:
-                        results[j] = error
+                    results[j] = errors.get(self._k(entries[j].key), results[j])
         return results
 
     def preview_items(self, entries: list[ItemEntry], written: dict[tuple[str, str], str]
