@@ -19,6 +19,7 @@ from scrapy.crawler import Crawler
 from scrapy.http import Response, TextResponse
 from scrapy.linkextractors import LinkExtractor
 
+from webfarm.config import whole_number
 from webfarm.items import ItemSource, PageItem, attach_source
 from webfarm.links import MAX_LINKS_PER_PAGE, extract_links
 from webfarm.render import check_render_arguments
@@ -67,14 +68,8 @@ class WebfarmSpider(scrapy.Spider):
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
         spider = super().from_crawler(crawler, *args, **kwargs)
-        raw = crawler.settings.get("WEBFARM_MAX_LINKS_PER_PAGE", MAX_LINKS_PER_PAGE)
-        try:
-            spider.max_links = int(raw)
-        except (TypeError, ValueError):
-            spider.max_links = -1
-        if spider.max_links < 0:
-            raise ValueError(f"WEBFARM_MAX_LINKS_PER_PAGE={raw!r} is not a whole number of "
-                             "anchors; 0 means no limit")
+        spider.max_links = whole_number(crawler.settings, "WEBFARM_MAX_LINKS_PER_PAGE",
+                                        MAX_LINKS_PER_PAGE, "anchors", "no limit")
         return spider
 
     @classmethod

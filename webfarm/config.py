@@ -29,6 +29,21 @@ class ConfigError(Exception):
     """A deployment setting is wrong; the message is one line that says what to do."""
 
 
+def whole_number(settings: BaseSettings, name: str, default: int, unit: str,
+                 zero: str) -> int:
+    """A setting that counts ``unit`` (0 means ``zero``); ValueError saying what is wanted
+    (read it at start: a value read on the first page fails every page)."""
+    raw = settings.get(name, default)
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        value = -1
+    if value < 0:
+        raise ValueError(f"{name}={raw!r} is not a whole number of {unit}; 0 means {zero} "
+                         f"(default {default})")
+    return value
+
+
 @dataclass(frozen=True)
 class Locations:
     redis_url: str

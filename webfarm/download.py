@@ -30,6 +30,8 @@ from scrapy.http import Headers
 from scrapy_playwright._utils import _encode_body
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 
+from webfarm.config import whole_number
+
 MAX_HEADER_BYTES = 256 * 1024
 
 
@@ -45,15 +47,8 @@ def header_limit(settings: Any) -> int:
     """``WEBFARM_MAX_HEADER_BYTES`` (0: unbounded); ValueError saying what is wanted.
     ``middlewares.limits`` reads it at start too: Scrapy loads a download handler at
     the first request and only logs its errors, so every fetch would then fail."""
-    raw = settings.get("WEBFARM_MAX_HEADER_BYTES", MAX_HEADER_BYTES)
-    try:
-        limit = int(raw)
-    except (TypeError, ValueError):
-        limit = -1
-    if limit < 0:
-        raise ValueError(f"WEBFARM_MAX_HEADER_BYTES={raw!r} is not a whole number of bytes; "
-                         f"0 means unbounded (default {MAX_HEADER_BYTES})")
-    return limit
+    return whole_number(settings, "WEBFARM_MAX_HEADER_BYTES", MAX_HEADER_BYTES, "bytes",
+                        "unbounded")
 
 
 def headers_too_large(exception: BaseException) -> HeadersTooLarge | None:
