@@ -153,6 +153,7 @@ def child(setup: str, start: str) -> None:
                       "on_cpu": (ran1 - ran0) / seconds if seconds else 0,
                       "cpu_wait": (wait1 - wait0) / seconds if seconds else 0,
                       "blobs": crawler.stats.get_value("webfarm/blobs/written", 0),
+                      "recent": crawler.stats.get_value("webfarm/blobs/recent", 0),
                       "errors": crawler.stats.get_value("log_count/ERROR", 0),
                       "item_errors": crawler.stats.get_value("webfarm/items/gave_up", 0)}))
 
@@ -217,6 +218,7 @@ def run_child(setup: str, start: str, env: dict[str, str]) -> dict[str, float]:
     results = [r for r in results if r["pages"]] or results[:1]  # a worker may get none
     return {"pages": pages, "items": sum(r["items"] for r in results),
             "blobs": sum(r["blobs"] for r in results),
+            "recent": sum(r["recent"] for r in results),
             "seconds": max(r["last"] for r in results) - min(r["first"] for r in results),
             "tail": max(r["last"] for r in results) - max(r["last_response"] for r in results),
             "cpu_ms": sum(r["cpu_ms"] * r["pages"] for r in results) / max(1, pages),
@@ -297,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
                 results[setup].append(r)
                 print(f"  run {run + 1} {setup:12s} {r['pages']:5d} pages "
                       f"{r['pages'] / r['seconds']:7.1f} pages/s"
-                      + (f"  {r['blobs']} blobs written" if r["blobs"] else ""), flush=True)
+                      + (f"  {r['blobs']} blobs written" if r["blobs"] else "")
+                      + (f", {r['recent']} pages' blobs known stored" if r["recent"] else ""),
+                      flush=True)
                 if setup == "webfarm":
                     reparse.append(run_reparse(run_env))
                     print(f"  run {run + 1} re-parse     {reparse[-1]:7.1f} pages/s",

@@ -11,6 +11,7 @@ from scrapy.statscollectors import StatsCollector
 from webfarm import config
 from webfarm.batching import RETRY_SECONDS, Batcher
 from webfarm.blobstore import BlobStore, blob_key, open_blob_store
+from webfarm.dupefilter import RecentFingerprints
 from webfarm.index import utc
 from webfarm.items import PageItem
 from webfarm.threads import StorageCalls, storage_calls
@@ -39,14 +40,21 @@ class BlobStorePipeline:
     never on the reactor). A failing store is retried with backoff for
     ``WEBFARM_STORAGE_RETRY_SECONDS`` (on top of botocore's own ``standard``
     retries); the item is not done until then.
+
+    Keys this worker saw stored lately (``WEBFARM_RECENT_BLOBS``) are not asked for
+    again: a page whose content is already stored (a mirror, a URL variant) then costs
+    no trip to the storage process, no S3 HEAD and no copy of its body. Blobs are
+    write-once and webfarm never deletes one, so a key it holds is still stored.
     """
 
     def __init__(self, store: BlobStore, stats: StatsCollector, threads: StorageCalls,
-                 concurrency: int = 8, retry_seconds: float = RETRY_SECONDS) -> None:
+                 concurrency: int = 8, retry_seconds: float = RETRY_SECONDS,
+                 recent: int = 100_000) -> None:
         self.store = store
         self.stats = stats
         self.threads = threads
         self.concurrency = max(1, concurrency)
+        self.recent = RecentFingerprints(recent)
         # No waiting for a batch to fill: a write goes at once when a writer is free,
         # and the writes that come while both are busy go together next.
         self.batcher: Batcher[_Write, bool] = Batcher(
@@ -66,7 +74,9 @@ class BlobStorePipeline:
         assert crawler.stats is not None
         return cls(store, crawler.stats, storage_calls(crawler),
                    settings.getint("WEBFARM_BLOB_CONCURRENCY", 8),
-                   settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", RETRY_SECONDS))
+                   settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", RETRY_SECONDS),
+                   config.whole_number(settings, "WEBFARM_RECENT_BLOBS", 100_000, "keys",
+                                       "none remembered"))
 
     async def close_spider(self) -> None:
         await self.batcher.flush()
@@ -97,6 +107,11 @@ class BlobStorePipeline:
         if not item.content_hash:
             raise ValueError("PageItem has no content_hash: enable ContentHashPipeline first")
         key = blob_key(item.content_hash)
+        item.blob_key = key
+        if key in self.recent:
+            self.stats.inc_value("webfarm/blobs/existing")
+            self.stats.inc_value("webfarm/blobs/recent")
+            return item
         metadata = {
             "url": item.final_url,
             "content-type": item.content_type,
@@ -105,8 +120,8 @@ class BlobStorePipeline:
         if item.encoding:
             metadata["encoding"] = item.encoding
         written = await self.batcher.submit(_Write(key, item.body, metadata))
+        self.recent.add(key)
         self.stats.inc_value("webfarm/blobs/written" if written else "webfarm/blobs/existing")
         if written:
             self.stats.inc_value("webfarm/blobs/bytes", len(item.body))
-        item.blob_key = key
         return item

@@ -7,6 +7,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
 from scrapy.utils.test import get_crawler
 
 from pipelines.blobs import BlobStorePipeline
@@ -78,3 +79,46 @@ def test_a_batch_retries_only_its_failed_writes(tmp_path: Path):
     # The writes that had succeeded were not repeated: all three count as written now.
     assert crawler.stats.get_value("webfarm/blobs/written") == 3
     assert crawler.stats.get_value("webfarm/blobs/existing") is None
+
+
+def test_content_stored_lately_is_not_asked_of_the_store_again(tmp_path: Path):
+    """A mirror's page (content this worker stored a moment ago) costs no trip to the
+    storage process: no S3 HEAD, no copy of its body; with WEBFARM_RECENT_BLOBS=0 it does."""
+    hashes = [f"{i:02x}" * 32 for i in range(5)]
+
+    def crawl(recent: int) -> tuple[FileBlobStore, dict]:
+        store = FileBlobStore(tmp_path / f"blobs-{recent}")
+        crawler = get_crawler()
+        pipeline = BlobStorePipeline(store, crawler.stats, StorageProcess(2), concurrency=2,
+                                     recent=recent)
+
+        async def scenario():
+            for round_ in range(3):  # the same five contents, under new URLs each round
+                items = [page(5 * round_ + i, h) for i, h in enumerate(hashes)]
+                done = await asyncio.wait_for(
+                    asyncio.gather(*(pipeline.process_item(i) for i in items)), 30)
+                assert [i.blob_key for i in done] == [blob_key(h) for h in hashes]
+            await pipeline.threads.close()
+
+        asyncio.run(scenario())
+        return store, crawler.stats.get_stats()
+
+    store, stats = crawl(recent=100)
+    assert sorted(store.iter_keys()) == sorted(blob_key(h) for h in hashes)
+    assert store.get(blob_key(hashes[2])) == b"<p>2</p>"  # the first page's body, kept
+    assert stats["webfarm/blobs/written"] == 5
+    assert stats["webfarm/blobs/existing"] == stats["webfarm/blobs/recent"] == 10
+    first_round_batches = stats["webfarm/blobs/batches"]
+
+    store, stats = crawl(recent=0)
+    assert sorted(store.iter_keys()) == sorted(blob_key(h) for h in hashes)
+    assert stats["webfarm/blobs/written"] == 5 and stats["webfarm/blobs/existing"] == 10
+    assert "webfarm/blobs/recent" not in stats
+    assert stats["webfarm/blobs/batches"] > first_round_batches  # rounds 2 and 3 asked too
+
+
+def test_a_bad_recent_blobs_value_stops_the_crawl_at_start():
+    crawler = get_crawler(settings_dict={"WEBFARM_RECENT_BLOBS": "lots"})
+    with pytest.raises(ValueError, match="WEBFARM_RECENT_BLOBS='lots' is not a whole number "
+                                         "of keys; 0 means none remembered"):
+        BlobStorePipeline.from_crawler(crawler)
