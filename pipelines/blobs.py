@@ -106,9 +106,10 @@ class BlobStorePipeline:
             return item
         if not item.content_hash:
             raise ValueError("PageItem has no content_hash: enable ContentHashPipeline first")
-        key = blob_key(item.content_hash)
+        key = blob_key(item.content_hash)  # ValueError unless the hash is hex
         item.blob_key = key
-        if key in self.recent:
+        digest = bytes.fromhex(item.content_hash)  # 110 B a key remembered, not 160
+        if digest in self.recent:
             self.stats.inc_value("webfarm/blobs/existing")
             self.stats.inc_value("webfarm/blobs/recent")
             return item
@@ -120,7 +121,7 @@ class BlobStorePipeline:
         if item.encoding:
             metadata["encoding"] = item.encoding
         written = await self.batcher.submit(_Write(key, item.body, metadata))
-        self.recent.add(key)
+        self.recent.add(digest)
         self.stats.inc_value("webfarm/blobs/written" if written else "webfarm/blobs/existing")
         if written:
             self.stats.inc_value("webfarm/blobs/bytes", len(item.body))

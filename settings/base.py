@@ -254,7 +254,7 @@ WEBFARM_INDEX_WRITERS = 2  # batches written at once (pages and items, each)
 WEBFARM_STORAGE_RETRY_SECONDS = _env_float("WEBFARM_STORAGE_RETRY_SECONDS", 300.0)
 WEBFARM_BLOB_CONCURRENCY = 8  # blob writes at once (threads and S3 connections they may use)
 WEBFARM_S3_MAX_ATTEMPTS = 5  # botocore "standard" retry mode attempts per S3 call
-# Blob keys a worker remembers as stored (up to twice this many, about 100 B each): a page
+# Blob keys a worker remembers as stored (up to twice this many, about 110 B each): a page
 # with content stored lately skips the store (no S3 HEAD, no body sent); 0: ask every time.
 WEBFARM_RECENT_BLOBS = 100_000
 # New blobs: zstd (about 6x less CPU than gzip -6 on HTML, 3% more bytes at level 3) or gzip
