@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,8 +44,9 @@ class BlobStorePipeline:
 
     Keys this worker saw stored lately (``WEBFARM_RECENT_BLOBS``) are not asked for
     again: a page whose content is already stored (a mirror, a URL variant) then costs
-    no trip to the storage process, no S3 HEAD and no copy of its body. Blobs are
-    write-once and webfarm never deletes one, so a key it holds is still stored.
+    no trip to the storage process, no S3 HEAD and no copy of its body; one that comes
+    while that content's write is out waits for it. Blobs are write-once and webfarm
+    never deletes one, so a key it holds is still stored.
     """
 
     def __init__(self, store: BlobStore, stats: StatsCollector, threads: StorageCalls,
@@ -55,6 +57,7 @@ class BlobStorePipeline:
         self.threads = threads
         self.concurrency = max(1, concurrency)
         self.recent = RecentFingerprints(recent)
+        self._writing: dict[bytes, asyncio.Future[None]] = {}  # content -> its write, done
         # No waiting for a batch to fill: a write goes at once when a writer is free,
         # and the writes that come while both are busy go together next.
         self.batcher: Batcher[_Write, bool] = Batcher(
@@ -101,6 +104,16 @@ class BlobStorePipeline:
             raise BlobWriteFailed(f"{len(failed)} of {len(todo)} failed, first: {failed[0]}")
         return [bool(w.written) for w in writes]
 
+    async def _stored_lately(self, digest: bytes) -> bool:
+        """Whether this worker stored (or found) the blob lately. A page whose content is
+        being written for another page waits for that write rather than sending its own
+        (on S3 20 ms away, most of a mirror's pages come while the first write is out)."""
+        if not self.recent.size:  # WEBFARM_RECENT_BLOBS=0: every page asks the store
+            return False
+        while digest not in self.recent and (writing := self._writing.get(digest)):
+            await asyncio.shield(writing)  # a write that failed: this page tries its own
+        return digest in self.recent
+
     async def process_item(self, item: Any) -> Any:
         if not isinstance(item, PageItem) or item.not_modified:
             return item
@@ -109,7 +122,7 @@ class BlobStorePipeline:
         key = blob_key(item.content_hash)  # ValueError unless the hash is hex
         item.blob_key = key
         digest = bytes.fromhex(item.content_hash)  # 110 B a key remembered, not 160
-        if digest in self.recent:
+        if await self._stored_lately(digest):
             self.stats.inc_value("webfarm/blobs/existing")
             self.stats.inc_value("webfarm/blobs/recent")
             return item
@@ -120,8 +133,14 @@ class BlobStorePipeline:
         }
         if item.encoding:
             metadata["encoding"] = item.encoding
-        written = await self.batcher.submit(_Write(key, item.body, metadata))
-        self.recent.add(digest)
+        writing = self._writing[digest] = asyncio.get_running_loop().create_future()
+        try:
+            written = await self.batcher.submit(_Write(key, item.body, metadata))
+            self.recent.add(digest)
+        finally:
+            if self._writing.get(digest) is writing:
+                del self._writing[digest]
+            writing.set_result(None)
         self.stats.inc_value("webfarm/blobs/written" if written else "webfarm/blobs/existing")
         if written:
             self.stats.inc_value("webfarm/blobs/bytes", len(item.body))

@@ -11,6 +11,7 @@ import pytest
 from scrapy.utils.test import get_crawler
 
 from pipelines.blobs import BlobStorePipeline
+from webfarm.batching import StorageUnavailable
 from webfarm.blobstore import FileBlobStore, blob_key
 from webfarm.items import PageItem
 from webfarm.storeworker import StorageProcess
@@ -122,3 +123,48 @@ def test_a_bad_recent_blobs_value_stops_the_crawl_at_start():
     with pytest.raises(ValueError, match="WEBFARM_RECENT_BLOBS='lots' is not a whole number "
                                          "of keys; 0 means none remembered"):
         BlobStorePipeline.from_crawler(crawler)
+
+
+def test_a_page_whose_content_is_being_written_waits_for_that_write(tmp_path: Path):
+    """Ten pages of one content at once: one write, one batch; the other nine wait for it
+    instead of going to the store in the next batch (a HEAD each on S3)."""
+    store = FileBlobStore(tmp_path / "blobs")
+    crawler = get_crawler()
+    pipeline = BlobStorePipeline(store, crawler.stats, StorageProcess(2), concurrency=2)
+    items = [page(i, "ab" * 32) for i in range(10)]
+
+    async def during(tasks):
+        await asyncio.sleep(0)  # the first page's write is out; the rest come now
+        tasks.extend(asyncio.ensure_future(pipeline.process_item(i)) for i in items[1:])
+
+    done = run_pages(pipeline, items[:1], during)
+    stats = crawler.stats.get_stats()
+    assert list(store.iter_keys()) == [blob_key("ab" * 32)]
+    assert len(done) == 10 and all(i.blob_key == blob_key("ab" * 32) for i in items)
+    assert stats["webfarm/blobs/written"] == 1 and stats["webfarm/blobs/batches"] == 1
+    assert stats["webfarm/blobs/existing"] == stats["webfarm/blobs/recent"] == 9
+
+
+def test_a_page_waiting_on_a_write_that_gave_up_is_not_taken_as_stored(tmp_path: Path):
+    root = tmp_path / "blobs"
+    (root / "raw").mkdir(parents=True)
+    (root / "raw" / "ab").write_bytes(b"")  # a file where the folder must go: writes fail
+    crawler = get_crawler()
+    pipeline = BlobStorePipeline(FileBlobStore(root), crawler.stats, StorageProcess(2),
+                                 concurrency=2, retry_seconds=0.5)
+    items = [page(i, "ab" * 32) for i in range(3)]
+
+    async def scenario():
+        first = asyncio.ensure_future(pipeline.process_item(items[0]))
+        await asyncio.sleep(0)  # its write is out; the other two wait for it
+        rest = [asyncio.ensure_future(pipeline.process_item(i)) for i in items[1:]]
+        results = await asyncio.wait_for(
+            asyncio.gather(first, *rest, return_exceptions=True), 30)
+        await pipeline.threads.close()
+        return results
+
+    results = asyncio.run(scenario())
+    # Each page's request must go back to the frontier: none is done, none counted stored.
+    assert len(results) == 3 and all(isinstance(r, StorageUnavailable) for r in results), results
+    stats = crawler.stats.get_stats()
+    assert "webfarm/blobs/existing" not in stats and "webfarm/blobs/written" not in stats
