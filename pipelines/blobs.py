@@ -121,7 +121,10 @@ class BlobStorePipeline:
             raise ValueError("PageItem has no content_hash: enable ContentHashPipeline first")
         key = blob_key(item.content_hash)  # ValueError unless the hash is hex
         item.blob_key = key
-        digest = bytes.fromhex(item.content_hash)  # 110 B a key remembered, not 160
+        # 110 B a key remembered, not 160 (an odd-length hex hash, from a custom hasher,
+        # has no bytes form)
+        h = item.content_hash
+        digest = bytes.fromhex(h) if len(h) % 2 == 0 else h.encode()
         if await self._stored_lately(digest):
             self.stats.inc_value("webfarm/blobs/existing")
             self.stats.inc_value("webfarm/blobs/recent")

@@ -168,3 +168,13 @@ def test_a_page_waiting_on_a_write_that_gave_up_is_not_taken_as_stored(tmp_path:
     assert len(results) == 3 and all(isinstance(r, StorageUnavailable) for r in results), results
     stats = crawler.stats.get_stats()
     assert "webfarm/blobs/existing" not in stats and "webfarm/blobs/written" not in stats
+
+
+def test_a_custom_hasher_s_odd_length_hash_is_stored_and_remembered(tmp_path: Path):
+    store = FileBlobStore(tmp_path / "blobs")
+    crawler = get_crawler()
+    pipeline = BlobStorePipeline(store, crawler.stats, StorageProcess(2), concurrency=2)
+    done = run_pages(pipeline, [page(0, "abc123def"), page(1, "abc123def")])
+    assert [i.blob_key for i in done] == [blob_key("abc123def")] * 2
+    assert list(store.iter_keys()) == [blob_key("abc123def")]
+    assert crawler.stats.get_value("webfarm/blobs/recent") == 1
