@@ -1,0 +1,99 @@
+"""Scrapy's developer commands in a webfarm project: ``scrapy parse``, ``fetch`` and
+``shell`` fetch and show a page as in any Scrapy project, on Scrapy's in-memory scheduler,
+and leave the shared frontier alone (under scrapy-redis, and here before, they failed:
+their callbacks cannot be stored in a frontier)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import redis
+from scrapy.settings import Settings
+
+from tests import runner
+from tests.testweb import TestWeb
+from webfarm.commands import parse, shell
+
+
+@pytest.fixture(scope="module")
+def dev_web():
+    """A small shop of its own on 127.0.0.6."""
+    with TestWeb(hosts=("127.0.0.6",), categories=1, products_per_category=3) as web:
+        yield web
+
+
+def run(stores, *args: str, **env: str) -> runner.Result:
+    env = runner.env_for(WEBFARM_RENDER="http", **stores, **env)
+    return runner.scrapy(list(args), env, timeout=120)
+
+
+def frontier_keys(redis_url: str) -> list[bytes]:
+    """The spider's frontier keys (queues, seen URLs, hosts), but its robots.txt cache,
+    which the fleet shares and a page fetched by hand may fill."""
+    server = redis.Redis.from_url(redis_url)
+    try:
+        return [k for k in server.keys("webfarm:{generic}:*") if b":robots:" not in k]
+    finally:
+        server.close()
+
+
+def test_scrapy_parse_shows_a_page_s_items_and_links_and_queues_nothing(dev_web, stores,
+                                                                          redis_url):
+    dev_web.clear_hits()
+    base = dev_web.base_urls[0]
+    product = min(u for u in dev_web.expected_pages(base) if u.startswith(f"{base}/product/"))
+
+    result = run(stores, "parse", "--spider=generic", "--nolog", "-a", f"start={base}/",
+                 product)
+
+    assert result.returncode == 0, result.output[-3000:]
+    out = result.stdout
+    assert "# Scraped Items" in out and f"'url': '{product}'" in out  # the page item
+    assert f"<GET {base}/about>" in out and "/print/product/" in out  # its links, shown
+    fetched = [h.path for h in dev_web.hits_for(host=base)]
+    assert fetched == ["/robots.txt", product[len(base):]]  # that page alone, robots first
+    assert frontier_keys(redis_url) == []  # nothing joined the fleet's crawl
+
+
+def test_scrapy_fetch_prints_the_body(dev_web, stores, redis_url):
+    base = dev_web.base_urls[0]
+    result = run(stores, "fetch", "--nolog", f"{base}/about")
+    assert result.returncode == 0, result.output[-3000:]
+    assert "<title>About us | Acme Outfitters</title>" in result.stdout
+    assert frontier_keys(redis_url) == []
+
+
+def test_scrapy_view_opens_the_page_as_scrapy_got_it(dev_web, stores, tmp_path):
+    """``view`` hands the page to $BROWSER (Python's webbrowser) as a file:// URL: here a
+    script that prints that file, so the page a browser would open is printed."""
+    base = dev_web.base_urls[0]
+    browser = tmp_path / "browser"
+    browser.write_text('#!/bin/sh\ncat "${1#file://}"\n')
+    browser.chmod(0o755)
+    result = run(stores, "view", "--nolog", f"{base}/about", BROWSER=f"{browser} %s")
+    assert result.returncode == 0, result.output[-3000:]
+    assert "<title>About us | Acme Outfitters</title>" in result.stdout
+
+
+def test_scrapy_shell_fetches_and_fetches_again(dev_web, stores):
+    dev_web.clear_hits()
+    base = dev_web.base_urls[0]
+    code = f"fetch('{base}/about') or (response.status, response.css('title::text').get())"
+    result = run(stores, "shell", "--nolog", "-c", code, f"{base}/about")
+    assert result.returncode == 0, result.output[-3000:]
+    assert "(200, 'About us | Acme Outfitters')" in result.stdout
+    assert len(dev_web.hits_for(host=base, path="/about")) == 2  # no duplicate filter
+
+
+@pytest.mark.parametrize("command", [parse.Command, shell.Command])
+def test_a_setting_given_with_s_still_wins(command):
+    cmd = command()
+    cmd.settings = Settings({"SCHEDULER": "webfarm.scheduler.Scheduler",
+                             "WEBFARM_METRICS": True}, priority="project")
+    parser = argparse.ArgumentParser()
+    cmd.add_options(parser)
+    opts = parser.parse_args(["-s", "WEBFARM_METRICS=1"])
+    cmd.process_options([], opts)
+    assert cmd.settings["SCHEDULER"] == "scrapy.core.scheduler.Scheduler"
+    assert cmd.settings.getbool("WEBFARM_METRICS") is True  # -s beat the local default

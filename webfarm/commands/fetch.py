@@ -1,0 +1,9 @@
+"""``scrapy fetch``: Scrapy's, on its in-memory scheduler (see webfarm.commands._local)."""
+
+from scrapy.commands.fetch import Command as ScrapyCommand
+
+from webfarm.commands._local import LocalScheduling
+
+
+class Command(LocalScheduling, ScrapyCommand):
+    pass

@@ -1,0 +1,9 @@
+"""``scrapy view``: Scrapy's, on its in-memory scheduler (see webfarm.commands._local)."""
+
+from scrapy.commands.view import Command as ScrapyCommand
+
+from webfarm.commands._local import LocalScheduling
+
+
+class Command(LocalScheduling, ScrapyCommand):
+    pass
