@@ -127,6 +127,9 @@ WEBFARM_AUTOTHROTTLE = True
 AUTOTHROTTLE_TARGET_CONCURRENCY = 1.0
 AUTOTHROTTLE_MAX_DELAY = 60.0
 EXTENSIONS = {
+    # -o / FEEDS export the spider's items, not its PageItems (webfarm/feeds.py)
+    "scrapy.extensions.feedexport.FeedExporter": None,
+    "webfarm.feeds.FeedExporter": 0,
     "webfarm.throttle.HostThrottle": 500,
     "webfarm.recrawl.RecrawlExtension": 520,  # continuous recrawl (WEBFARM_RECRAWL_INTERVAL)
     "webfarm.monitor.extension.MonitorExtension": 510,

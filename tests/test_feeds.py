@@ -1,0 +1,34 @@
+"""Feed exports in a real crawl: ``-o`` gets the spider's items, not its PageItems (whose
+raw bodies JSON cannot hold: every page logged a traceback); a feed that names PageItem
+in ``item_classes`` gets the pages."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from tests import runner
+from webfarm.urls import canonical_url
+
+
+def test_o_exports_the_spider_s_items_and_a_feed_can_ask_for_the_pages(web, stores,
+                                                                       tmp_path):
+    base = web.base_urls[0]
+    shop = web.shop(base)
+    products, pages = tmp_path / "products.jsonl", tmp_path / "pages.csv"
+    feeds = {str(pages): {"format": "csv", "item_classes": ["webfarm.items.PageItem"],
+                          "fields": ["url", "status", "content_hash"]}}
+    env = runner.env_for(**stores, WEBFARM_IDLE_TIMEOUT="1")
+    result = runner.scrapy(["crawl", "catalogue", "-a", f"start={base}/", "-o", str(products),
+                            "-s", f"FEEDS={json.dumps(feeds)}"], env, timeout=180)
+
+    assert result.returncode == 0, result.output[-3000:]
+    assert "Traceback" not in result.output and "ERROR" not in result.output, \
+        result.output[-3000:]
+    exported = [json.loads(line) for line in products.read_text().splitlines()]
+    assert sorted(item["sku"] for item in exported) == sorted(shop.products)
+    with pages.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    # Each page once, under the URL it was requested by (the index keeps it canonical).
+    assert sorted(canonical_url(row["url"]) for row in rows) == sorted(web.expected_pages(base))
+    assert all(row["status"] == "200" and len(row["content_hash"]) == 64 for row in rows)

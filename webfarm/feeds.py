@@ -1,0 +1,36 @@
+"""Feed exports (``scrapy crawl acme -o products.jsonl``) of a spider's items, not of
+webfarm's pages.
+
+A webfarm spider yields a :class:`~webfarm.items.PageItem` for every page, so that the
+storage pipelines keep it; Scrapy's feeds export every item, and a page's raw body
+(bytes) is no JSON value: each page logged a ``TypeError`` traceback while the products
+were written. Pages live in the index and the blob store; a feed gets them only when its
+``item_classes`` name ``webfarm.items.PageItem`` (give it ``fields`` without ``body``
+for JSON). A feed with an ``item_filter`` of its own keeps it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scrapy.extensions.feedexport import FeedExporter as ScrapyFeedExporter
+from scrapy.extensions.feedexport import ItemFilter
+
+from webfarm.items import PageItem
+
+
+class SpiderItemFilter(ItemFilter):
+    """Scrapy's filter (a feed's ``item_classes``), and no PageItem unless named there."""
+
+    def accepts(self, item: Any) -> bool:
+        if isinstance(item, PageItem) and not any(
+                issubclass(PageItem, cls) for cls in self.item_classes):
+            return False
+        return super().accepts(item)
+
+
+class FeedExporter(ScrapyFeedExporter):
+    """Scrapy's feed exporter with :class:`SpiderItemFilter` as every feed's default."""
+
+    def _load_filter(self, feed_options: dict[str, Any]) -> ItemFilter:
+        return super()._load_filter({"item_filter": SpiderItemFilter, **feed_options})
