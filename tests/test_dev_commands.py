@@ -1,7 +1,7 @@
-"""Scrapy's developer commands in a webfarm project: ``scrapy parse``, ``fetch`` and
-``shell`` fetch and show a page as in any Scrapy project, on Scrapy's in-memory scheduler,
-and leave the shared frontier alone (under scrapy-redis, and here before, they failed:
-their callbacks cannot be stored in a frontier)."""
+"""Scrapy's developer commands in a webfarm project: ``scrapy parse``, ``fetch``,
+``view``, ``shell`` and ``check`` fetch and show a page as in any Scrapy project, on
+Scrapy's in-memory scheduler, and leave the shared frontier alone (under scrapy-redis,
+and here before, they failed: their callbacks cannot be stored in a frontier)."""
 
 from __future__ import annotations
 
@@ -84,6 +84,40 @@ def test_scrapy_shell_fetches_and_fetches_again(dev_web, stores):
     assert result.returncode == 0, result.output[-3000:]
     assert "(200, 'About us | Acme Outfitters')" in result.stdout
     assert len(dev_web.hits_for(host=base, path="/about")) == 2  # no duplicate filter
+
+
+PROBE = '''import scrapy
+
+
+class ProbeSpider(scrapy.Spider):
+    name = "probe"
+
+    def parse(self, response):
+        """@url {url}
+        @returns items 1 1
+        @scrapes {fields}
+        """
+        yield {{"sku": response.css(".sku::text").re_first(r"SKU:\\s*(\\S+)")}}
+'''
+
+
+@pytest.mark.parametrize(("fields", "passes"), [("sku", True), ("sku name", False)])
+def test_scrapy_check_runs_a_spider_s_contracts(dev_web, stores, tmp_path, fields, passes):
+    """On the frontier ``check`` ran no contract and said OK; here a contract the page
+    meets passes and one it does not (no ``name``) fails."""
+    base = dev_web.base_urls[0]
+    product = min(u for u in dev_web.expected_pages(base) if u.startswith(f"{base}/product/"))
+    (tmp_path / "probespiders").mkdir()
+    (tmp_path / "probespiders" / "__init__.py").write_text("")
+    (tmp_path / "probespiders" / "probe.py").write_text(PROBE.format(url=product,
+                                                                     fields=fields))
+    result = run(stores, "check", "probe", "-s", "SPIDER_MODULES=probespiders",
+                 PYTHONPATH=str(tmp_path))
+    assert "Ran 2 contracts" in result.stderr, result.output[-3000:]
+    if passes:
+        assert result.returncode == 0 and result.stderr.rstrip().endswith("OK")
+    else:
+        assert result.returncode == 1 and "Missing fields: name" in result.stderr
 
 
 @pytest.mark.parametrize("command", [parse.Command, shell.Command])

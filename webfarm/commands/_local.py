@@ -1,10 +1,11 @@
-"""What Scrapy's developer commands (``parse``, ``shell``, ``fetch``, ``view``) need in a
-webfarm project: Scrapy's own in-memory scheduler, not the shared frontier.
+"""What Scrapy's developer commands (``parse``, ``shell``, ``fetch``, ``view``, ``check``)
+need in a webfarm project: Scrapy's own in-memory scheduler, not the shared frontier.
 
 Their requests carry callbacks that are not spider methods (``parse``'s closure, the
-shell's ``Deferred.callback``), which no frontier can store, so on the frontier they
-failed with "is not an instance method" and fetched nothing, as they do under
-scrapy-redis. And a page fetched to try a spider must not join the fleet's crawl: its
+shell's ``Deferred.callback``, ``check``'s contract wrappers), which no frontier can
+store, so on the frontier they failed with "is not an instance method" and fetched
+nothing, as they do under scrapy-redis (``check`` even said OK, having run no
+contract). And a page fetched to try a spider must not join the fleet's crawl: its
 links would be queued for every worker. Metrics are off too, since they read the
 frontier. Everything else (render, proxies, politeness, the SSRF guard) stays as a
 crawl has it. A ``-s`` on the command line still wins.
