@@ -35,5 +35,5 @@ class LocalScheduling:
     def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
         super().process_options(args, opts)  # type: ignore[misc]
         for name, value in self.local.items():
-            if self.settings.getpriority(name) < SETTINGS_PRIORITIES["cmdline"]:
+            if (self.settings.getpriority(name) or 0) < SETTINGS_PRIORITIES["cmdline"]:
                 self.settings.set(name, value, priority="cmdline")
