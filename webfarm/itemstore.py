@@ -106,8 +106,15 @@ def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None
     values = {**fields, "source_url": source_url}
     missing = [f for f in key_fields if values.get(f) in (None, "")]
     if missing:
-        raise ItemError(f"{type(item).__name__} for {collection!r} has no value for its key "
-                        f"field(s) {', '.join(missing)} (from {source_url})")
+        what = f"{type(item).__name__} for {collection!r} has no value for its key field(s) " \
+            f"{', '.join(missing)}"
+        if not source_url and "source_url" in missing:
+            raise ItemError(f"{what}: it does not come from a page (its spider is not based on "
+                            "spiders.base.WebfarmSpider, which also keeps the raw pages); base "
+                            "the spider on it, or give the item a key of its own (key_fields "
+                            "on its class, _key in a dict)")
+        raise ItemError(f"{what} (from {source_url}); fill it in the spider, or name another "
+                        "key (key_fields on the item's class, _key in a dict)")
     several = [f for f in key_fields if isinstance(values[f], (list, tuple, set, frozenset))]
     if several:
         raise ItemError(f"{type(item).__name__} for {collection!r} has several values for its "
