@@ -95,8 +95,6 @@ class _BoundedProtocol(http11._LenientHTTP11ClientProtocol):
         return d
 
 
-
-
 def encode_rendered(headers: Headers, text: str) -> tuple[bytes, str]:
     """scrapy-playwright's choice of encoding for a rendered page's text, and UTF-8 with
     surrogates passed through when the text holds half a pair (no encoding takes it)."""
