@@ -173,6 +173,29 @@ def test_retries_back_off_then_dead_letter(shop, stores, tmp_path):
     assert canonical_url(json.loads(letter["payload"])["url"]) == f"{base}/product/WF01-0003"
 
 
+def test_a_crawl_run_again_says_why_it_fetched_nothing_and_what_to_do(shop, stores):
+    """The frontier keeps every URL it saw, so running the same crawl again fetches
+    nothing; the worker says so, with the commands that fetch again (the failed start
+    page is in the dead-letter queue, so ``scrapy dlq --requeue`` is among them)."""
+    base = shop.base_urls[0]
+    shop.route("/", Response(500, {"Content-Type": "text/plain"}, b"broken"), prefix=False)
+    env = runner.env_for(**stores, WEBFARM_IDLE_TIMEOUT="1")
+    first = runner.scrapy(["crawl", "generic", "-a", f"start={base}/",
+                           "-s", "WEBFARM_RETRY_TIMES=1"], env, timeout=120)
+    assert first.returncode == 0, first.output[-2000:]
+    assert len(shop.hits_for(host=base, path="/")) == 1
+    assert "fetched nothing" not in first.output
+
+    again = runner.scrapy(["crawl", "generic", "-a", f"start={base}/"], env, timeout=120)
+    assert again.returncode == 0, again.output[-2000:]
+    assert len(shop.hits_for(host=base, path="/")) == 1  # not fetched twice
+    assert ("This worker fetched nothing: the 1 URL(s) it started from were seen before"
+            in again.output)
+    for advice in ("scrapy recrawl generic", "scrapy seed generic --force URL",
+                   "scrapy dlq generic --requeue", "scrapy frontier generic --reset --yes"):
+        assert advice in again.output
+
+
 def test_malformed_entry_is_dead_lettered_not_run(shop, stores, tmp_path):
     from webfarm.frontier import Entry
 

@@ -431,6 +431,31 @@ class Scheduler(BaseScheduler):
             self._idle_until(min(1.0, self.idle_timeout))
             raise DontCloseSpider
         logger.info("Frontier empty for %.0fs: closing this worker", now - self._empty_since)
+        self._explain_nothing_fetched()
+
+    def _explain_nothing_fetched(self) -> None:
+        """A crawl run again with the same start URLs fetches nothing: the frontier keeps
+        every URL it saw, so that no worker fetches one twice. Without a word, that looked
+        like a broken crawl (stats showed one 'duplicates')."""
+        stats, spider = self.stats, self.spider
+        if stats is None or spider is None or stats.get_value("webfarm/frontier/dequeued"):
+            return
+        seen = stats.get_value("webfarm/frontier/duplicates", 0)
+        if not seen or stats.get_value("webfarm/frontier/enqueued"):
+            return
+        name = spider.name
+        try:
+            dead = self.frontier.counts()["dead"] if self.frontier is not None else 0
+        except REDIS_ERRORS:
+            dead = 0
+        logger.warning(
+            "This worker fetched nothing: the %d URL(s) it started from were seen before by "
+            "%s's frontier, which never fetches a URL twice. To fetch them again: "
+            "`scrapy recrawl %s` (stored pages that are due), `scrapy seed %s --force URL ...`"
+            "%s, or `scrapy frontier %s --reset --yes` to start this spider's crawl over",
+            seen, name, name, name,
+            f", `scrapy dlq {name} --requeue` (the {dead} URL(s) that failed)" if dead else "",
+            name)
 
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None and count:
