@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import argparse
 
+import pymongo
 import pytest
 import redis
 from scrapy.settings import Settings
 
 from tests import runner
 from tests.testweb import TestWeb
+from webfarm.blobstore import open_blob_store
 from webfarm.commands import parse, shell
 
 
@@ -54,6 +56,29 @@ def test_scrapy_parse_shows_a_page_s_items_and_links_and_queues_nothing(dev_web,
     fetched = [h.path for h in dev_web.hits_for(host=base)]
     assert fetched == ["/robots.txt", product[len(base):]]  # that page alone, robots first
     assert frontier_keys(redis_url) == []  # nothing joined the fleet's crawl
+
+
+def test_scrapy_parse_pipelines_stores_the_page_and_its_items(dev_web, stores, redis_url):
+    """``--pipelines``: the page, its blob and its product are stored as a crawl stores
+    them, the frontier is left alone, and no warning a user cannot act on is printed
+    (Scrapy's parse wraps callbacks in one returning a Deferred; metrics are off)."""
+    base = dev_web.base_urls[0]
+    sku = min(dev_web.shop(base).products)
+    product = f"{base}/product/{sku}"
+
+    result = run(stores, "parse", "--spider=catalogue", "--pipelines", "-a", f"start={base}/",
+                 product)
+
+    assert result.returncode == 0, result.output[-3000:]
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    page = db.pages.find_one({"url": product})
+    assert page is not None and page["blob_key"]
+    assert open_blob_store(stores["BLOB_STORE_URI"]).get(page["blob_key"])
+    assert [d["_id"] for d in db.products.find()] == [sku]
+    assert db.products.find_one()["content_hash"] == page["content_hash"]
+    assert frontier_keys(redis_url) == []
+    assert "returned a Deferred" not in result.stderr
+    assert "WEBFARM_METRICS" not in result.stderr
 
 
 def test_scrapy_fetch_prints_the_body(dev_web, stores, redis_url):
