@@ -81,6 +81,44 @@ def test_scrapy_parse_pipelines_stores_the_page_and_its_items(dev_web, stores, r
     assert "WEBFARM_METRICS" not in result.stderr
 
 
+ONE_FILE = '''from dataclasses import dataclass
+from typing import ClassVar
+
+from spiders.base import WebfarmSpider
+
+
+@dataclass
+class Sku:
+    item_collection: ClassVar[str] = "skus"
+    key_fields: ClassVar[tuple[str, ...]] = ("sku",)
+    sku: str
+
+
+class OneFileSpider(WebfarmSpider):
+    name = "onefile"
+    render = "http"
+
+    def extract(self, response):
+        for sku in response.css(".sku::text").re(r"SKU:\\s*(\\S+)"):
+            yield Sku(sku)
+'''
+
+
+def test_scrapy_runspider_crawls_a_spider_file_like_a_project_spider(dev_web, stores,
+                                                                      tmp_path):
+    """A one-file spider on the base class, run by path, crawls on the frontier and
+    stores its pages and items as a project spider does."""
+    base = dev_web.base_urls[0]
+    path = tmp_path / "onefile.py"
+    path.write_text(ONE_FILE)
+    result = run(stores, "runspider", str(path), "-a", f"start={base}/")
+    assert result.returncode == 0, result.output[-3000:]
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    assert {d["url"] for d in db.pages.find({"spider": "onefile"})} == \
+        dev_web.expected_pages(base)
+    assert sorted(d["_id"] for d in db.skus.find()) == sorted(dev_web.shop(base).products)
+
+
 def test_scrapy_fetch_prints_the_body(dev_web, stores, redis_url):
     base = dev_web.base_urls[0]
     result = run(stores, "fetch", "--nolog", f"{base}/about")
