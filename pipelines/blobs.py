@@ -49,6 +49,8 @@ class BlobStorePipeline:
     never deletes one, so a key it holds is still stored.
     """
 
+    webfarm_stage = "blobs"  # a storage pipeline (webfarm.reparsepipes leaves it out)
+
     def __init__(self, store: BlobStore, stats: StatsCollector, threads: StorageCalls,
                  concurrency: int = 8, retry_seconds: float = RETRY_SECONDS,
                  recent: int = 100_000) -> None:

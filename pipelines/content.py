@@ -118,6 +118,8 @@ class ContentHashPipeline:
     """Sets ``content_hash`` (and ``simhash`` when ``WEBFARM_NEARDUP`` is on) on every
     :class:`PageItem`; a 304 (``not_modified``) page has no body and is not hashed."""
 
+    webfarm_stage = "hash"  # a storage pipeline (webfarm.reparsepipes leaves it out)
+
     def __init__(self, hasher: PageHasher) -> None:
         self.hasher = hasher
 

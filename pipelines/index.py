@@ -33,6 +33,8 @@ class IndexPipeline:
     through the ``WEBFARM_REFETCH_POLICY`` object.
     """
 
+    webfarm_stage = "index"  # a storage pipeline (webfarm.reparsepipes leaves it out)
+
     def __init__(
         self, store: IndexStore, stats: StatsCollector, threads: StorageCalls,
         batch_size: int = BATCH_SIZE, batch_seconds: float = BATCH_SECONDS,

@@ -37,6 +37,10 @@ from webfarm.urls import canonical_url
 
 
 class ItemStorePipeline:
+    """Writes structured items to their collections (webfarm/itemstore.py), in batches."""
+
+    webfarm_stage = "items"  # the item store: reparse runs the project's pipelines before it
+
     def __init__(
         self, crawler: Crawler, store: ItemStore, stats: StatsCollector,
         threads: StorageCalls, hasher: PageHasher, batch_size: int = BATCH_SIZE,

@@ -74,7 +74,8 @@ def test_reparse_reextracts_without_network(web, redis_url, mongo_uri, mongo_db_
     # Every item a crawl stored comes out the same: titles, products and dicts of 86 pages.
     items = pages + 2 * shop_skus * 2  # product and print page each yield a product and a dict
     assert counts(first.output) == {"created": 0, "changed": 0, "unchanged": items,
-                                    "pages": pages, "items": items, "errors": 0}
+                                    "dropped": 0, "pages": pages, "items": items,
+                                    "errors": 0}
     assert "reparse: 20 pages" in first.output and "reparse: 80 pages" in first.output
     assert "Spider opened" not in first.output and "Crawled (" not in first.output
 
@@ -82,8 +83,8 @@ def test_reparse_reextracts_without_network(web, redis_url, mongo_uri, mongo_db_
     db.products.delete_many({"_id": {"$in": ["WF01-0001", "WF01-0002"]}})
     cents = ["reparse", "test_products", "-a", "variant=cents", *SPIDERS, "--url-pattern",
              r"^http://[^/]+/product/WF01-"]
-    expected = {"created": 2, "changed": 10, "unchanged": 24, "pages": 12, "items": 36,
-                "errors": 0}
+    expected = {"created": 2, "changed": 10, "unchanged": 24, "dropped": 0, "pages": 12,
+                "items": 36, "errors": 0}
     preview = runner.scrapy([*cents, "--dry-run", "--show-changes", "3"], env)
     assert preview.returncode == 0, preview.output[-3000:]
     assert counts(preview.output) == expected and "(dry run: nothing written)" in preview.output
@@ -113,6 +114,14 @@ def test_reparse_reextracts_without_network(web, redis_url, mongo_uri, mongo_db_
     halves = [counts(runner.scrapy(["reparse", "test_products", *SPIDERS, "--shard", f"{k}/2"],
                                    env).output) for k in (0, 1)]
     assert all(h["pages"] for h in halves) and sum(h["pages"] for h in halves) == pages
+    # The project's own pipelines (ITEM_PIPELINES) clean items before they are stored.
+    cleaned = runner.scrapy(["reparse", "test_products", *SPIDERS, "--url-pattern", "/about$",
+                             "--dry-run", "-s",
+                             'ITEM_PIPELINES={"tests.test_reparser.Cleaner": 200}'], env)
+    assert cleaned.returncode == 0, cleaned.output[-3000:]
+    assert counts(cleaned.output)["changed"] == 1
+    assert re.search(r"would change page_title '[^']+/about': title: 'About us \| Acme "
+                     r"Outfitters' -> 'ABOUT US \| ACME OUTFITTERS'", cleaned.output)
     assert web.hits == []  # not one request reached the test web, robots.txt included
 
 

@@ -8,22 +8,30 @@ or damaged skips its page and is counted, and never passes for an empty page.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import hashlib
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import pymongo
 import pytest
+from scrapy.crawler import Crawler
+from scrapy.exceptions import DropItem
+from scrapy.statscollectors import MemoryStatsCollector
+from scrapy.utils.project import get_project_settings
 from scrapy.utils.test import get_crawler
+from twisted.internet.defer import Deferred
 
-from tests.spiders.products import ProductsSpider
+from tests.spiders.products import PageTitle, ProductsSpider
 from webfarm.batching import StorageUnavailable
 from webfarm.blobstore import FileBlobStore, blob_key
 from webfarm.index import IndexStore
 from webfarm.itemstore import _CREATED_HERE, ItemStore, _before_batch, item_hash, make_entry
 from webfarm.reparse import Reparser, shard_range
+from webfarm.reparsepipes import PipelineNeedsReactor, ProjectPipelines
 from webfarm.urls import url_fingerprint
 
 SHOP = "http://shop.test"
@@ -285,3 +293,102 @@ def test_shards_share_the_pages_out_each_once(index, blobs):
     for bad in ((3, 3), (-1, 2), (0, 0)):
         with pytest.raises(ValueError, match="use K/N with 0 <= K < N"):
             shard_range(bad)
+
+
+class Cleaner:
+    """A project's cleaning pipeline: titles upper-cased, the page titled 'Page 3' dropped.
+    Its open_spider/close_spider take the spider (the old signature)."""
+
+    instances: ClassVar[list[Cleaner]] = []
+
+    def __init__(self, stats) -> None:
+        self.stats = stats
+        self.events: list[str] = []
+        Cleaner.instances.append(self)
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        return cls(crawler.stats)
+
+    def open_spider(self, spider) -> None:
+        self.events.append(f"open {spider.name}")
+
+    def close_spider(self, spider) -> None:
+        self.events.append("close")
+
+    def process_item(self, item):
+        if isinstance(item, PageTitle):
+            if item["title"] == "Page 3":
+                raise DropItem("no page 3")
+            item["title"] = item["title"].upper()
+        return item
+
+
+class AsyncTagger:
+    async def process_item(self, item):
+        await asyncio.sleep(0)
+        if isinstance(item, PageTitle):
+            item["title"] += "!"
+        return item
+
+
+class Broken:
+    def process_item(self, item):
+        if isinstance(item, PageTitle) and item["title"] == "PAGE 5!":
+            raise ValueError("cannot clean this one")
+        return item
+
+
+class AfterTheStore:
+    def process_item(self, item):
+        raise AssertionError("a pipeline after the item store must not run in reparse")
+
+
+class WaitsOnTheReactor:
+    def process_item(self, item):
+        return Deferred()  # fired by something on the reactor, in a crawl
+
+
+def project_pipelines(extra: dict[str, int]) -> tuple[ProjectPipelines, object]:
+    settings = get_project_settings()
+    settings.set("ITEM_PIPELINES", {**settings.getdict("ITEM_PIPELINES"), **extra})
+    crawler = Crawler(ProductsSpider, settings)  # as the command builds it: no engine
+    crawler.stats = MemoryStatsCollector(crawler)
+    spider = ProductsSpider.from_crawler(crawler, start=f"{SHOP}/")
+    return ProjectPipelines.from_crawler(crawler, spider), spider
+
+
+def test_items_go_through_the_project_s_pipelines_before_the_item_store(
+        index, blobs, caplog):
+    """A crawl's items pass the project's pipelines before the item store writes them, so
+    re-parse runs those (and only those) too: cleaned fields, dropped items not stored."""
+    urls = store_pages(index, blobs, 6)
+    here = __name__
+    pipelines, spider = project_pipelines({
+        f"{here}.Cleaner": 200, f"{here}.AsyncTagger": 400, f"{here}.Broken": 550,
+        f"{here}.AfterTheStore": 700})
+    assert [type(p).__name__ for p in pipelines.pipelines] == ["Cleaner", "AsyncTagger",
+                                                               "Broken"]
+    job = Reparser(spider, index, blobs, ItemStore(index.db), pipelines=pipelines)
+    with caplog.at_level("INFO"):
+        stats = job.run()
+
+    assert stats.pages == 6 and stats.dropped == 1 and stats.errors == 1
+    assert stats.created == 4 and "1 dropped" in stats.line()
+    assert titles(index) == {u: f"PAGE {u.rsplit('/', 1)[1]}!" for u in urls
+                             if not u.endswith(("/3", "/5"))}
+    assert Cleaner.instances[-1].events == ["open test_products", "close"]
+    log = caplog.text
+    assert "Dropped: no page 3 (Cleaner, an item from http://shop.test/page/3)" in log
+    assert "an item pipeline failed on an item from http://shop.test/page/5" in log
+    assert "cannot clean this one" in log
+    assert f"not running {here}.AfterTheStore: they come after the item store" in log
+
+
+def test_a_pipeline_that_waits_on_the_reactor_stops_the_run_saying_what_to_do(index, blobs):
+    store_pages(index, blobs, 2)
+    pipelines, spider = project_pipelines({f"{__name__}.WaitsOnTheReactor": 200})
+    job = Reparser(spider, index, blobs, ItemStore(index.db), pipelines=pipelines)
+    with pytest.raises(PipelineNeedsReactor, match="WaitsOnTheReactor.process_item returned "
+                       "a Deferred that did not fire.*'async def'"):
+        job.run()

@@ -7,7 +7,9 @@ regex), reads each body from the blob store (mirrors share one blob, read
 once), rebuilds the response (final URL, status, stored headers with the
 content type, encoding, the original request) and calls the spider's
 ``extract`` (or, for a plain Scrapy spider, ``parse``). Requests it yields are
-ignored; items are stored exactly as a crawl stores them
+ignored; items go through the project's own item pipelines, those a crawl runs
+before the item store (:mod:`webfarm.reparsepipes`: cleaning, validation, DropItem),
+and are stored exactly as a crawl stores them
 (:func:`webfarm.itemstore.make_entry` + :class:`~webfarm.itemstore.ItemStore`),
 with the page's stored URL and content hash, and counted as created, changed
 or unchanged. No Scrapy engine or downloader is ever built.
@@ -57,6 +59,7 @@ from webfarm.itemstore import (
     ItemStore,
     make_entry,
 )
+from webfarm.reparsepipes import PipelineNeedsReactor, ProjectPipelines
 
 logger = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -73,6 +76,7 @@ class ReparseStats:
     changed: int = 0
     unchanged: int = 0
     errors: int = 0
+    dropped: int = 0  # by the project's item pipelines (DropItem)
     missing_blobs: int = 0
     damaged_blobs: int = 0
     retries: int = 0
@@ -85,7 +89,8 @@ class ReparseStats:
     def line(self) -> str:
         rate = self.pages / self.seconds if self.seconds > 0 else 0.0
         return (f"reparse: {self.pages} pages, {self.items} items: {self.created} created, "
-                f"{self.changed} changed, {self.unchanged} unchanged; {self.errors} errors, "
+                f"{self.changed} changed, {self.unchanged} unchanged, {self.dropped} dropped; "
+                f"{self.errors} errors, "
                 f"{self.missing_blobs} missing blobs, {self.damaged_blobs} damaged; "
                 f"{self.retries} store retries; {self.seconds:.1f}s "
                 f"({rate:.0f} pages/s)")
@@ -186,8 +191,10 @@ class Reparser:
         progress: Callable[[ReparseStats], None] | None = None,
         retry_seconds: float = RETRY_SECONDS, page_batch: int = 500, blob_reads: int = 8,
         dry_run: bool = False, show_changes: int = 10,
+        pipelines: ProjectPipelines | None = None,
     ) -> None:
         self.spider = spider
+        self.pipelines = pipelines  # the project's own, run before an item is stored
         self.index = index
         self.blobs = blobs
         self.items = items
@@ -217,6 +224,8 @@ class Reparser:
         self._items = Outage("writing items to MongoDB", self.retry_seconds, stats)
         # the content_hash index the page cursor runs on (a crawl creates it at its start)
         self._index.call(self.index.ensure_indexes, (ConnectionFailure,))
+        if self.pipelines is not None:
+            self.pipelines.open()
         pending: list[ItemEntry] = []
         pool = ThreadPoolExecutor(self.blob_reads, thread_name_prefix="reparse-blobs")
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="reparse-items")
@@ -236,6 +245,8 @@ class Reparser:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
             self._writer.shutdown(wait=False)
+            if self.pipelines is not None:
+                self.pipelines.close()
         return stats
 
     def _pages(self, query: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -317,16 +328,38 @@ class Reparser:
             for output in self.callback(rebuild_response(doc, body)) or ():
                 if isinstance(output, Request) or output is None:
                     continue
+                item = self._piped(output, doc["url"], stats)
+                if item is None:
+                    continue
                 try:
-                    entries.append(make_entry(output, self.spider, doc["url"],
+                    entries.append(make_entry(item, self.spider, doc["url"],
                                               doc.get("content_hash"), now))
                 except ItemError as exc:  # that item alone, as in a crawl
                     stats.errors += 1
                     logger.error("reparse: %s", exc)
+        except PipelineNeedsReactor:
+            raise
         except Exception:  # a callback bug on one page: log it, go on
             stats.errors += 1
             logger.exception("reparse: %s failed on %s", self.spider.name, doc["url"])
         return entries
+
+    def _piped(self, item: Any, url: str, stats: ReparseStats) -> Any | None:
+        """The item after the project's pipelines; None if one dropped it or failed on it
+        (that item alone, as in a crawl)."""
+        if self.pipelines is None:
+            return item
+        try:
+            piped = self.pipelines.process(item, url)
+        except PipelineNeedsReactor:
+            raise
+        except Exception:
+            stats.errors += 1
+            logger.exception("reparse: an item pipeline failed on an item from %s", url)
+            return None
+        if piped is None:
+            stats.dropped += 1
+        return piped
 
     def _write(self, entries: list[ItemEntry], stats: ReparseStats) -> None:
         """Hand the batch to the writer thread once the one before it is stored: the next

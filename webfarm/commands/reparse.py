@@ -1,7 +1,8 @@
 """``scrapy reparse SPIDER [--since DATE] [--url-pattern REGEX]``: re-extract from stored pages.
 
 Reads ``pages`` from the index and bodies from the blob store, runs the spider's
-``extract`` on each rebuilt response and stores items as a crawl would. It
+``extract`` on each rebuilt response, passes the items through the project's own item
+pipelines (those before the item store) and stores them as a crawl would. It
 never builds a Scrapy engine or downloader: no request leaves the machine.
 """
 
@@ -19,6 +20,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.crawler import Crawler
 from scrapy.exceptions import UsageError
 from scrapy.utils.conf import arglist_to_dict
+from scrapy.utils.misc import load_object
 
 from webfarm import config
 from webfarm.batching import StorageUnavailable, batch_options
@@ -27,6 +29,7 @@ from webfarm.commands._common import BAD_CONFIG, CommandError, report, spider_cl
 from webfarm.index import IndexStore
 from webfarm.itemstore import ItemStore, index_fields
 from webfarm.reparse import Reparser, ReparseStats, shard_range
+from webfarm.reparsepipes import PipelineNeedsReactor, ProjectPipelines
 
 logger = logging.getLogger("webfarm.reparse")
 STOPPED = 3  # a store stayed down past WEBFARM_STORAGE_RETRY_SECONDS, or Ctrl-C
@@ -111,9 +114,13 @@ class Command(ScrapyCommand):
         try:
             if check is not None:
                 check(**opts.spargs)
-            spider = spidercls.from_crawler(Crawler(spidercls, settings), **opts.spargs)
+            crawler = Crawler(spidercls, settings)
+            spider = spidercls.from_crawler(crawler, **opts.spargs)
         except ValueError as exc:
             raise CommandError(f"{name}: {exc}") from None
+        # No crawl starts, so nothing sets the stats; a pipeline's from_crawler may take them.
+        crawler.stats = load_object(settings["STATS_CLASS"])(crawler)
+        pipelines = ProjectPipelines.from_crawler(crawler, spider)
         try:
             mongo = config.mongo_uri(settings)
             config.check_mongo(mongo)
@@ -132,9 +139,12 @@ class Command(ScrapyCommand):
             batch_size=opts.batch_size, progress_every=opts.progress_every,
             progress=self._progress, retry_seconds=batch_options(settings)["retry_seconds"],
             blob_reads=reads, dry_run=opts.dry_run, show_changes=opts.show_changes,
+            pipelines=pipelines,
         )
         try:
             stats = reparser.run(since, opts.url_pattern, shard)
+        except PipelineNeedsReactor as exc:
+            raise CommandError(str(exc), BAD_CONFIG) from None
         except (StorageUnavailable, KeyboardInterrupt) as exc:
             # Items are upserts: a second run redoes the pages whose items were not
             # written yet and counts the others unchanged. Nothing is lost.
@@ -154,7 +164,8 @@ class Command(ScrapyCommand):
             index.close()
         print(stats.line())
         print(f"created={stats.created} changed={stats.changed} unchanged={stats.unchanged} "
-              f"pages={stats.pages} items={stats.items} errors={stats.errors}"
+              f"dropped={stats.dropped} pages={stats.pages} items={stats.items} "
+              f"errors={stats.errors}"
               + (" (dry run: nothing written)" if opts.dry_run else ""))
         if stats.errors or stats.missing_blobs or stats.damaged_blobs:
             self.exitcode = 1
