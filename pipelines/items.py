@@ -80,7 +80,7 @@ class ItemStorePipeline:
     async def process_item(self, item: Any) -> Any:
         if isinstance(item, PageItem):
             return item
-        source = source_of(item)
+        source = source_of(item, in_chain=True)
         if source is None:
             self.stats.inc_value("webfarm/items/no_source")
             url, content_hash = "", None

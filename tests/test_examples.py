@@ -7,20 +7,23 @@ render ladder's browser rung (Chromium).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import urllib.request
 
 import pymongo
 import redis
 
+from settings import base as project_settings
 from tests import runner
 from tests.testweb.jscatalogue import JsCatalogue
 
 ITEM_FIELDS = ("sku", "name", "price_cents", "currency", "category", "url")
 
 
-def crawl(spider: str, start: str, stores: dict, timeout: float = 180) -> str:
+def crawl(spider: str, start: str, stores: dict, timeout: float = 180, *args: str) -> str:
     env = runner.env_for(**stores, WEBFARM_IDLE_TIMEOUT="1")
-    result = runner.scrapy(["crawl", spider, "-a", f"start={start}"], env, timeout)
+    result = runner.scrapy(["crawl", spider, "-a", f"start={start}", *args], env, timeout)
     assert result.returncode == 0, result.output[-3000:]
     assert "Traceback" not in result.output, result.output[-3000:]
     return result.output
@@ -35,6 +38,33 @@ def stat(output: str, name: str) -> int:
 
 def database(stores: dict):
     return pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+
+
+class UpperNames:
+    """A project's cleaning pipeline that returns a new item (``dataclasses.replace``)
+    instead of changing the one it got."""
+
+    def process_item(self, item):
+        if dataclasses.is_dataclass(item) and hasattr(item, "name"):
+            return dataclasses.replace(item, name=item.name.upper())
+        return item
+
+
+def test_an_item_a_pipeline_made_anew_keeps_its_page(web, stores):
+    """The new object reached the item store without its page: products were stored
+    with an empty source_url and no content_hash."""
+    base = web.base_urls[0]
+    pipelines = {**project_settings.ITEM_PIPELINES, f"{__name__}.UpperNames": 400}
+    crawl("catalogue", f"{base}/", stores, 180, "-s", f"ITEM_PIPELINES={json.dumps(pipelines)}")
+    db = database(stores)
+    pages = {doc["url"]: doc for doc in db.pages.find()}
+    products = list(db.products.find())
+    assert len(products) == len(web.shop(base).products)
+    for doc in products:
+        assert doc["name"].isupper()  # the pipeline's item was stored
+        assert doc["source_url"] in (f"{base}/product/{doc['_id']}",
+                                     f"{base}/print/product/{doc['_id']}")
+        assert doc["content_hash"] == pages[doc["source_url"]]["content_hash"]
 
 
 def test_catalogue_stores_each_product_once_upserted_on_its_sku(web, stores):

@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import os
 from collections import OrderedDict
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +72,7 @@ class ItemSource:
 
 _SOURCES: OrderedDict[int, tuple[Any, ItemSource]] = OrderedDict()
 _MAX_SOURCES = 100_000  # items dropped before the item store never pop theirs
+_CHAIN_SOURCE: ContextVar[ItemSource | None] = ContextVar("webfarm_item_source", default=None)
 
 
 def attach_source(item: Any, source: ItemSource) -> Any:
@@ -81,9 +83,26 @@ def attach_source(item: Any, source: ItemSource) -> Any:
     return item
 
 
-def source_of(item: Any) -> ItemSource | None:
-    """The page of ``item`` (and forget it); None for items not yielded by a WebfarmSpider."""
+def enter_chain(item: Any) -> None:
+    """At the head of the item pipelines: remember ``item``'s page for this chain.
+
+    A project's pipeline that returns a new object (``dataclasses.replace``, a cleaned
+    copy) instead of the item it got left the item store without the page: the item was
+    stored with an empty ``source_url`` and no ``content_hash``. Scrapy awaits one item's
+    pipelines one after the other in one task, so a context variable set here is the
+    chain's own when the item store reads it."""
+    entry = _SOURCES.get(id(item))
+    _CHAIN_SOURCE.set(entry[1] if entry is not None and entry[0] is item else None)
+
+
+def source_of(item: Any, in_chain: bool = False) -> ItemSource | None:
+    """The page of ``item`` (and forget it); None for items not yielded by a WebfarmSpider.
+    ``in_chain``: an item a pipeline made anew gets the page of the item its chain began
+    with (:func:`enter_chain`)."""
     entry = _SOURCES.pop(id(item), None)
+    chained = _CHAIN_SOURCE.get() if in_chain else None
+    if in_chain:
+        _CHAIN_SOURCE.set(None)
     if entry is None or entry[0] is not item:
-        return None
+        return chained
     return entry[1]
