@@ -6,6 +6,7 @@ and here before, they failed: their callbacks cannot be stored in a frontier).""
 from __future__ import annotations
 
 import argparse
+import re
 
 import pymongo
 import pytest
@@ -117,6 +118,19 @@ def test_scrapy_runspider_crawls_a_spider_file_like_a_project_spider(dev_web, st
     assert {d["url"] for d in db.pages.find({"spider": "onefile"})} == \
         dev_web.expected_pages(base)
     assert sorted(d["_id"] for d in db.skus.find()) == sorted(dev_web.shop(base).products)
+
+
+def test_scrapy_bench_crawls_scrapy_s_bench_server(stores, redis_url):
+    """On the frontier the SSRF guard dead-lettered the bench server's localhost URL and
+    the run printed 'Crawled 0 pages' until its timeout."""
+    result = run(stores, "bench", "-s", "CLOSESPIDER_TIMEOUT=3",
+                 WEBFARM_ALLOWED_NETWORKS="")  # the guard as deployed: loopback refused
+    assert result.returncode == 0, result.output[-3000:]
+    crawled = [int(n) for n in re.findall(r"Crawled (\d+) pages", result.output)]
+    assert crawled and crawled[-1] > 50, result.output[-3000:]
+    assert "SSRF guard refused" not in result.output
+    keys = redis.Redis.from_url(redis_url).keys("webfarm:{follow}:*")
+    assert [k for k in keys if b":robots:" not in k] == []  # nothing queued, seen or dead
 
 
 def test_scrapy_fetch_prints_the_body(dev_web, stores, redis_url):

@@ -1,5 +1,6 @@
-"""What Scrapy's developer commands (``parse``, ``shell``, ``fetch``, ``view``, ``check``)
-need in a webfarm project: Scrapy's own in-memory scheduler, not the shared frontier.
+"""What Scrapy's developer commands (``parse``, ``shell``, ``fetch``, ``view``, ``check``,
+``bench``) need in a webfarm project: Scrapy's own in-memory scheduler, not the shared
+frontier.
 
 Their requests carry callbacks that are not spider methods (``parse``'s closure, the
 shell's ``Deferred.callback``, ``check``'s contract wrappers), which no frontier can
