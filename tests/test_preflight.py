@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pymongo
 import pytest
 
-from tests import runner
+from tests import runner, servers
 from tests.servers import free_port
+from webfarm import config
+from webfarm.config import ConfigError
 
 
 @pytest.fixture()
@@ -50,3 +53,62 @@ def test_bad_blob_compression_fails_before_any_request(good, web):
     assert errors == ["webfarm: WEBFARM_BLOB_COMPRESSION is 'brotli'; use zstd or gzip"], \
         result.stderr[-2000:]
     assert web.hits == []
+
+
+@pytest.fixture(scope="module")
+def secured_mongo(tmp_path_factory):
+    """A SecantusDB that requires SCRAM users: 'crawler' may write to database 'crawl',
+    'reader' may only read it. Its address, without credentials."""
+    server = servers.secantus(tmp_path_factory.mktemp("secured"), test_commands=False).start()
+    try:
+        admin = pymongo.MongoClient(server.url).admin
+        admin.command("createUser", "crawler", pwd="right",
+                      roles=[{"role": "readWrite", "db": "crawl"}])
+        admin.command("createUser", "reader", pwd="right", roles=[{"role": "read", "db": "crawl"}])
+        admin.client.close()
+        server.stop()
+        server.argv.append("--auth")
+        server.start()
+        yield server.url.removeprefix("mongodb://")
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(("user", "message"), [
+    ("", r"^MONGO_URI: mongodb://127\.0\.0\.1:\d+ requires a user \(command createIndexes "
+         r"requires authentication\); put user:password@ in the URI$"),
+    ("crawler:wrong@", r"^MONGO_URI: mongodb://\*\*\*@127\.0\.0\.1:\d+ refused the user name "
+                       r"or password \(authentication failed\); fix them in the URI"),
+    ("reader:right@", r"^MONGO_URI: user 'reader' may not write to database 'crawl' at "
+                      r"mongodb://\*\*\*@127\.0\.0\.1:\d+ \(not authorized .*\); give it the "
+                      r"readWrite role there, or use another user$"),
+])
+def test_a_secured_mongodb_refusing_the_user_says_what_to_fix(secured_mongo, user, message):
+    """Before, a ping passed and the crawl died at its first pipeline with a traceback (no
+    credentials, or a read-only user), or said 'cannot reach' for a wrong password."""
+    with pytest.raises(ConfigError, match=message):
+        config.check_mongo(f"mongodb://{user}{secured_mongo}", database="crawl")
+    config.check_mongo(f"mongodb://crawler:right@{secured_mongo}", database="crawl")
+    config.check_mongo(f"mongodb://reader:right@{secured_mongo}")  # reading is enough here
+
+
+def test_a_crawl_without_credentials_stops_in_one_line_and_a_reader_may_preview(
+        secured_mongo, good, web):
+    env = runner.env_for(**{**good, "MONGO_URI": f"mongodb://{secured_mongo}",
+                            "MONGO_DATABASE": "crawl"})
+    result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/"], env,
+                           timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("webfarm:")]
+    assert len(errors) == 1 and "requires a user" in errors[0], result.stderr[-2000:]
+    assert web.hits == []
+
+    # A read-only user may preview a re-parse (it writes nothing), not run one.
+    env["MONGO_URI"] = f"mongodb://reader:right@{secured_mongo}"
+    preview = runner.scrapy(["reparse", "generic", "-a", f"start={web.base_urls[0]}/",
+                             "--dry-run"], env, timeout=60)
+    assert preview.returncode == 0 and "Traceback" not in preview.output, preview.output[-2000:]
+    run = runner.scrapy(["reparse", "generic", "-a", f"start={web.base_urls[0]}/"], env,
+                        timeout=60)
+    assert run.returncode != 0 and "Traceback" not in run.output
+    assert "user 'reader' may not write to database 'crawl'" in run.stderr

@@ -137,21 +137,57 @@ def check_redis(url: str, variable: str = "REDIS_URL", timeout: float = 5.0) -> 
         ) from None
 
 
-def check_mongo(uri: str, variable: str = "MONGO_URI", timeout: float = 5.0) -> None:
+def check_mongo(uri: str, variable: str = "MONGO_URI", timeout: float = 5.0,
+                database: str | None = None) -> None:
+    """The server answers; with ``database``, the URI's user may also write there: the
+    index DB's indexes are created (as a crawl does at its start), so a secured server
+    without credentials, or a read-only user, is one line here instead of a traceback
+    from the first pipeline."""
     import pymongo
-    from pymongo.errors import ConfigurationError, PyMongoError
+    from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
 
     try:
         client = pymongo.MongoClient(uri, serverSelectionTimeoutMS=int(timeout * 1000))
-        client.admin.command("ping")
-        client.close()
+        try:
+            client.admin.command("ping")
+        finally:
+            client.close()
+        if database is not None:
+            from webfarm.index import IndexStore
+
+            store = IndexStore(uri, database, timeout_ms=int(timeout * 1000))
+            try:
+                store.ensure_indexes()
+            finally:
+                store.close()
     except ConfigurationError as exc:
         raise ConfigError(f"{variable}={safe_url(uri)!r} is not a valid URI ({exc})") from None
+    except OperationFailure as exc:
+        raise ConfigError(_refused(exc, uri, variable, database)) from None
     except (PyMongoError, ValueError) as exc:
         raise ConfigError(
             f"{variable}: cannot reach {safe_url(uri)} ({str(exc).split(',')[0]}); "
             "start that server or fix the URI"
         ) from None
+
+
+def _refused(exc: Exception, uri: str, variable: str, database: str | None) -> str:
+    """What to do when MongoDB answers but refuses this user (or no user)."""
+    from pymongo.uri_parser import parse_uri
+
+    code = getattr(exc, "code", None)
+    why = str(exc).split(", full error")[0]
+    where = safe_url(uri)
+    user = parse_uri(uri).get("username")
+    if code in (18, 8000):  # AuthenticationFailed (8000: Atlas's)
+        return (f"{variable}: {where} refused the user name or password ({why}); fix them in "
+                "the URI (with authSource=DB if the user is defined in another database)")
+    if code == 13 and not user:  # Unauthorized, and no credentials were given
+        return (f"{variable}: {where} requires a user ({why}); put user:password@ in the URI")
+    if code == 13:
+        return (f"{variable}: user {user!r} may not write to database {database!r} at {where} "
+                f"({why}); give it the readWrite role there, or use another user")
+    return f"{variable}: {where} refused ({why}); check the server's log"
 
 
 def check_blobs(uri: str, endpoint_url: str | None, variable: str = "BLOB_STORE_URI") -> None:
@@ -186,12 +222,13 @@ def preflight(settings: BaseSettings) -> Locations:
     redis = redis_url(settings)
     check_redis(redis, _where(settings, "REDIS_URL"))
     mongo = mongo_uri(settings)
-    check_mongo(mongo, _where(settings, "MONGO_URI"))
+    database = settings.get("MONGO_DATABASE") or "webfarm"
+    check_mongo(mongo, _where(settings, "MONGO_URI"), database=database)
     blobs = blob_uri(settings)
     endpoint = settings.get("AWS_ENDPOINT_URL") or None
     check_blobs(blobs, endpoint, _where(settings, "BLOB_STORE_URI"))
     blob_compression(settings)
-    return Locations(redis, mongo, settings.get("MONGO_DATABASE") or "webfarm", blobs, endpoint)
+    return Locations(redis, mongo, database, blobs, endpoint)
 
 
 def apply(settings: BaseSettings, loc: Locations) -> None:

@@ -40,7 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pymongo.errors import ConnectionFailure, CursorNotFound
+from pymongo.errors import ConnectionFailure, CursorNotFound, OperationFailure
 from scrapy import Request, Spider
 from scrapy.http import Headers, Response, TextResponse
 from scrapy.responsetypes import responsetypes
@@ -212,6 +212,7 @@ class Reparser:
         self._shown = 0
         self.stats = ReparseStats()
         self._reread: tuple[str, bytes] | None = None  # the last body read again, by key
+        self._hint: list[tuple[str, int]] | None = [("content_hash", 1)]  # the page cursor's
         callback = getattr(spider, "extract", None) or spider.parse
         self.callback: Callable[[Response], Iterable[Any] | None] = callback
 
@@ -222,8 +223,12 @@ class Reparser:
         self._index = Outage("reading pages from MongoDB", self.retry_seconds, stats)
         self._blobs = Outage(f"reading blobs from {self.blobs.uri}", self.retry_seconds, stats)
         self._items = Outage("writing items to MongoDB", self.retry_seconds, stats)
-        # the content_hash index the page cursor runs on (a crawl creates it at its start)
-        self._index.call(self.index.ensure_indexes, (ConnectionFailure,))
+        try:  # the content_hash index the page cursor runs on (a crawl creates it at start)
+            self._index.call(self.index.ensure_indexes, (ConnectionFailure,))
+        except OperationFailure:  # a read-only user may still preview, on the indexes there
+            if not self.dry_run:
+                raise
+            self._hint = None  # which may be none (never crawled): no hint then
         if self.pipelines is not None:
             self.pipelines.open()
         pending: list[ItemEntry] = []
@@ -262,7 +267,7 @@ class Reparser:
             try:
                 with self.index.pages.find(where, dict.fromkeys(_PROJECTION, 1),
                                            sort=[("content_hash", 1)],
-                                           hint=[("content_hash", 1)],
+                                           hint=self._hint,
                                            batch_size=self.page_batch) as cursor:
                     for doc in cursor:
                         self._index.ended()

@@ -81,7 +81,9 @@ class Command(ScrapyCommand):
         frontier = open_spider_frontier(settings, name)
         try:
             mongo_uri = config.mongo_uri(settings)
-            config.check_mongo(mongo_uri, service_variable(settings, "MONGO_URI"))
+            config.check_mongo(mongo_uri, service_variable(settings, "MONGO_URI"),
+                               database=None if opts.dry_run else
+                               settings.get("MONGO_DATABASE") or "webfarm")
         except config.ConfigError as exc:
             raise CommandError(str(exc), BAD_CONFIG) from None
         fingerprinter = build_from_crawler(

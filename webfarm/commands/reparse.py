@@ -123,7 +123,8 @@ class Command(ScrapyCommand):
         pipelines = ProjectPipelines.from_crawler(crawler, spider)
         try:
             mongo = config.mongo_uri(settings)
-            config.check_mongo(mongo)
+            config.check_mongo(mongo, database=None if opts.dry_run else
+                               settings.get("MONGO_DATABASE") or "webfarm")
             blob_uri = config.blob_uri(settings)
             endpoint = settings.get("AWS_ENDPOINT_URL") or None
             config.check_blobs(blob_uri, endpoint)
