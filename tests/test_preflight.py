@@ -112,3 +112,28 @@ def test_a_crawl_without_credentials_stops_in_one_line_and_a_reader_may_preview(
                         timeout=60)
     assert run.returncode != 0 and "Traceback" not in run.output
     assert "user 'reader' may not write to database 'crawl'" in run.stderr
+
+
+@pytest.fixture(scope="module")
+def secured_redis():
+    """A Valkey with a password (requirepass); its address without one."""
+    server = servers.valkey()
+    server.argv += ["--requirepass", "s3cret"]
+    server.start()
+    try:
+        yield server.url.removeprefix("redis://")
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(("credentials", "message"), [
+    ("", r"^REDIS_URL: redis://127\.0\.0\.1:\d+/0 requires a password; put it in the URL: "
+         r"redis://:PASSWORD@host:port/db"),
+    (":wrong@", r"^REDIS_URL: redis://\*\*\*@127\.0\.0\.1:\d+/0 refused the user name or "
+                r"password \(.*\); fix them in the URL$"),
+])
+def test_a_redis_with_a_password_says_what_to_fix(secured_redis, credentials, message):
+    """Both said 'cannot reach ...; start that server', with the server answering."""
+    with pytest.raises(ConfigError, match=message):
+        config.check_redis(f"redis://{credentials}{secured_redis}")
+    config.check_redis(f"redis://:s3cret@{secured_redis}")

@@ -131,6 +131,14 @@ def check_redis(url: str, variable: str = "REDIS_URL", timeout: float = 5.0) -> 
         client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
         client.ping()
         client.close()
+    except redis.AuthenticationError as exc:  # reached, and it wants (other) credentials
+        if client.connection_pool.connection_kwargs.get("password") is None:
+            raise ConfigError(
+                f"{variable}: {safe_url(url)} requires a password; put it in the URL: "
+                "redis://:PASSWORD@host:port/db (redis://USER:PASSWORD@... for an ACL user)"
+            ) from None
+        raise ConfigError(f"{variable}: {safe_url(url)} refused the user name or password "
+                          f"({exc}); fix them in the URL") from None
     except (redis.RedisError, ValueError, OSError) as exc:
         raise ConfigError(
             f"{variable}: cannot reach {safe_url(url)} ({exc}); start that server or fix the URL"
