@@ -115,9 +115,9 @@ def test_a_crawl_without_credentials_stops_in_one_line_and_a_reader_may_preview(
 
 
 @pytest.fixture(scope="module")
-def secured_redis():
+def secured_redis(tmp_path_factory):
     """A Valkey with a password (requirepass); its address without one."""
-    server = servers.valkey()
+    server = servers.valkey(tmp_path_factory.mktemp("secured-redis"))
     server.argv += ["--requirepass", "s3cret"]
     server.start()
     try:
