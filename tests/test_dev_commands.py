@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import re
 
-import pymongo
 import pytest
 import redis
 from scrapy.settings import Settings
@@ -59,7 +58,8 @@ def test_scrapy_parse_shows_a_page_s_items_and_links_and_queues_nothing(dev_web,
     assert frontier_keys(redis_url) == []  # nothing joined the fleet's crawl
 
 
-def test_scrapy_parse_pipelines_stores_the_page_and_its_items(dev_web, stores, redis_url):
+def test_scrapy_parse_pipelines_stores_the_page_and_its_items(dev_web, stores, redis_url,
+                                                             mongo_db):
     """``--pipelines``: the page, its blob and its product are stored as a crawl stores
     them, the frontier is left alone, and no warning a user cannot act on is printed
     (Scrapy's parse wraps callbacks in one returning a Deferred; metrics are off)."""
@@ -71,7 +71,7 @@ def test_scrapy_parse_pipelines_stores_the_page_and_its_items(dev_web, stores, r
                  product)
 
     assert result.returncode == 0, result.output[-3000:]
-    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    db = mongo_db  # the database the command wrote to (stores["MONGO_DATABASE"])
     page = db.pages.find_one({"url": product})
     assert page is not None and page["blob_key"]
     assert open_blob_store(stores["BLOB_STORE_URI"]).get(page["blob_key"])
@@ -106,7 +106,7 @@ class OneFileSpider(WebfarmSpider):
 
 
 def test_scrapy_runspider_crawls_a_spider_file_like_a_project_spider(dev_web, stores,
-                                                                      tmp_path):
+                                                                      tmp_path, mongo_db):
     """A one-file spider on the base class, run by path, crawls on the frontier and
     stores its pages and items as a project spider does."""
     base = dev_web.base_urls[0]
@@ -114,7 +114,7 @@ def test_scrapy_runspider_crawls_a_spider_file_like_a_project_spider(dev_web, st
     path.write_text(ONE_FILE)
     result = run(stores, "runspider", str(path), "-a", f"start={base}/")
     assert result.returncode == 0, result.output[-3000:]
-    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    db = mongo_db  # the database the command wrote to (stores["MONGO_DATABASE"])
     assert {d["url"] for d in db.pages.find({"spider": "onefile"})} == \
         dev_web.expected_pages(base)
     assert sorted(d["_id"] for d in db.skus.find()) == sorted(dev_web.shop(base).products)
