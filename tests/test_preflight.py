@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pymongo
 import pytest
+import redis
 
 from tests import runner, servers
 from tests.servers import free_port
@@ -137,3 +138,44 @@ def test_a_redis_with_a_password_says_what_to_fix(secured_redis, credentials, me
     with pytest.raises(ConfigError, match=message):
         config.check_redis(f"redis://{credentials}{secured_redis}")
     config.check_redis(f"redis://:s3cret@{secured_redis}")
+
+
+@pytest.fixture(scope="module")
+def acl_redis(secured_redis):
+    """ACL users of the secured Valkey: 'noscript' may not run Lua scripts, 'reader' may only
+    read the keys webfarm:*, 'crawler' is what the README's advice grants."""
+    admin = redis.Redis.from_url(f"redis://:s3cret@{secured_redis}")
+    admin.execute_command("ACL", "SETUSER", "noscript", "on", ">pw", "~*", "+@all", "-@scripting")
+    admin.execute_command("ACL", "SETUSER", "reader", "on", ">pw", "%R~webfarm:*", "+@all")
+    admin.execute_command("ACL", "SETUSER", "crawler", "on", ">pw", "~webfarm:*", "+@all",
+                          "-@dangerous")
+    admin.close()
+    return secured_redis
+
+
+@pytest.mark.parametrize(("user", "why"), [
+    ("noscript", "User noscript has no permissions to run the 'evalsha' command"),
+    ("reader", "No permissions to access a key"),
+])
+def test_a_redis_user_the_acl_limits_is_told_what_to_grant(acl_redis, user, why):
+    """Before, the ping passed and the crawl died opening its scheduler, with tracebacks."""
+    with pytest.raises(ConfigError) as caught:
+        config.check_redis(f"redis://{user}:pw@{acl_redis}", spider="generic")
+    assert str(caught.value) == (
+        f"REDIS_URL: user '{user}' at redis://{acl_redis} may not do what webfarm needs ({why}): "
+        "run Lua scripts (EVALSHA, SCRIPT LOAD) that read and write the keys webfarm:*; "
+        f"grant that, e.g. ACL SETUSER {user} ~webfarm:* +@all -@dangerous")
+    config.check_redis(f"redis://{user}:pw@{acl_redis}")  # without a spider: only the ping
+    config.check_redis(f"redis://crawler:pw@{acl_redis}", spider="generic")
+
+
+def test_a_crawl_or_a_seed_as_a_read_only_redis_user_stops_in_one_line(acl_redis, good, web):
+    env = runner.env_for(**{**good, "REDIS_URL": f"redis://reader:pw@{acl_redis}"})
+    for command in (["crawl", "generic", "-a", f"start={web.base_urls[0]}/"],
+                    ["seed", "generic", f"{web.base_urls[0]}/"]):
+        result = runner.scrapy(command, env, timeout=60)
+        assert result.returncode == 1 and "Traceback" not in result.output, result.output[-2000:]
+        errors = [line for line in result.stderr.splitlines() if line.startswith("webfarm:")]
+        assert len(errors) == 1, result.stderr[-2000:]
+        assert "user 'reader'" in errors[0] and "ACL SETUSER reader" in errors[0], errors[0]
+    assert web.hits == []

@@ -12,7 +12,7 @@ import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from scrapy.settings import BaseSettings
@@ -124,25 +124,73 @@ def _where(settings: BaseSettings, variable: str) -> str:
     return variable if settings.get(variable) else f"{variable} (unset: embedded)"
 
 
-def check_redis(url: str, variable: str = "REDIS_URL", timeout: float = 5.0) -> None:
+#: Run through EVALSHA as the frontier's scripts are: reads and writes (a DEL of a key
+#: nobody uses) under the spider's prefix, so an ACL user that may not is refused at start.
+_ACCESS_CHECK = "redis.call('EXISTS', KEYS[1]) return redis.call('DEL', KEYS[1])"
+
+
+def check_redis(url: str, variable: str = "REDIS_URL", timeout: float = 5.0,
+                spider: str | None = None) -> None:
+    """The server answers and takes the URL's credentials; with ``spider``, its user may
+    also run Lua scripts on that spider's keys, as every frontier call does."""
     import redis
 
+    from webfarm.frontier.core import key_prefix
+
+    try:
+        probe = None if spider is None else key_prefix(spider) + "access-check"
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    client = None
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
         client.ping()
-        client.close()
+        if probe is not None:
+            _check_scripts(client, probe, url, variable)
     except redis.AuthenticationError as exc:  # reached, and it wants (other) credentials
-        if client.connection_pool.connection_kwargs.get("password") is None:
+        if client is not None and client.get_connection_kwargs().get("password") is None:
             raise ConfigError(
                 f"{variable}: {safe_url(url)} requires a password; put it in the URL: "
                 "redis://:PASSWORD@host:port/db (redis://USER:PASSWORD@... for an ACL user)"
             ) from None
         raise ConfigError(f"{variable}: {safe_url(url)} refused the user name or password "
                           f"({exc}); fix them in the URL") from None
+    except redis.exceptions.NoPermissionError as exc:
+        raise ConfigError(redis_refused(exc, client, variable)) from None
+    except redis.ResponseError as exc:  # it answered: "DB index is out of range", ...
+        raise ConfigError(f"{variable}: {safe_url(url)} refused ({exc}); fix the URL") from None
     except (redis.RedisError, ValueError, OSError) as exc:
         raise ConfigError(
             f"{variable}: cannot reach {safe_url(url)} ({exc}); start that server or fix the URL"
         ) from None
+    finally:
+        if client is not None:
+            client.close()
+
+
+def _check_scripts(client: Any, probe: str, url: str, variable: str) -> None:
+    import redis
+
+    try:
+        client.register_script(_ACCESS_CHECK)(keys=[probe])
+    except redis.exceptions.NoPermissionError:
+        raise
+    except redis.ResponseError as exc:  # e.g. a managed Redis with scripting switched off
+        raise ConfigError(
+            f"{variable}: {safe_url(url)} refused a Lua script ({exc}); webfarm's frontier "
+            "runs them (EVALSHA, SCRIPT LOAD): use a Redis or Valkey that allows them"
+        ) from None
+
+
+def redis_refused(exc: Exception, client: Any, variable: str = "REDIS_URL") -> str:
+    """What to do when Redis's ACL refuses ``client``'s user a command or a key (NOPERM)."""
+    kw = client.get_connection_kwargs()
+    user = kw.get("username") or "default"
+    where = (f"unix://{kw['path']}" if kw.get("path") else
+             f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}")
+    return (f"{variable}: user {user!r} at {where} may not do what webfarm needs ({exc}): "
+            "run Lua scripts (EVALSHA, SCRIPT LOAD) that read and write the keys webfarm:*; "
+            f"grant that, e.g. ACL SETUSER {user} ~webfarm:* +@all -@dangerous")
 
 
 def check_mongo(uri: str, variable: str = "MONGO_URI", timeout: float = 5.0,
@@ -223,12 +271,13 @@ def blob_compression(settings: BaseSettings) -> Compression:
         raise ConfigError(str(exc)) from None
 
 
-def preflight(settings: BaseSettings) -> Locations:
+def preflight(settings: BaseSettings, spider: str | None = None) -> Locations:
     """Resolve and check every location, one at a time, so a bad ``REDIS_URL`` is
-    reported before an embedded MongoDB is started for nothing. Raises
-    :class:`ConfigError` on the first bad one."""
+    reported before an embedded MongoDB is started for nothing (with ``spider``, also that
+    Redis lets the user at that spider's keys). Raises :class:`ConfigError` on the first
+    bad one."""
     redis = redis_url(settings)
-    check_redis(redis, _where(settings, "REDIS_URL"))
+    check_redis(redis, _where(settings, "REDIS_URL"), spider=spider)
     mongo = mongo_uri(settings)
     database = settings.get("MONGO_DATABASE") or "webfarm"
     check_mongo(mongo, _where(settings, "MONGO_URI"), database=database)

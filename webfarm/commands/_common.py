@@ -54,10 +54,11 @@ def service_variable(settings: BaseSettings, name: str) -> str:
 
 def open_spider_frontier(settings: BaseSettings, name: str) -> Frontier:
     """The spider's frontier on ``REDIS_URL`` (or the embedded Valkey, started or joined),
-    with the same keys, delays and dupefilter mode as the workers; checked reachable."""
+    with the same keys, delays and dupefilter mode as the workers; checked reachable, and
+    that its user may run the frontier's scripts on the spider's keys."""
     try:
         url = config.redis_url(settings)
-        config.check_redis(url, service_variable(settings, "REDIS_URL"))
+        config.check_redis(url, service_variable(settings, "REDIS_URL"), spider=name)
     except config.ConfigError as exc:
         raise CommandError(str(exc), BAD_CONFIG) from None
     try:

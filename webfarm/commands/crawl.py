@@ -27,7 +27,7 @@ class Command(ScrapyCrawlCommand):
             self.exitcode = 2
             return
         try:
-            loc = config.preflight(self.settings)
+            loc = config.preflight(self.settings, args[0] if len(args) == 1 else None)
         except config.ConfigError as exc:
             print(f"webfarm: {exc}", file=sys.stderr)
             if self.settings.get("LOG_FILE"):  # scrapyd: the job's log must say why, too
