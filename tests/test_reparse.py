@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import signal
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pymongo
 import pytest
+import redis
 
 from tests import runner, servers
 from tests.relay import Relay
@@ -219,3 +221,42 @@ def test_reparse_waits_out_store_outages_and_stops_past_the_limit(
     finally:
         mongo_writes("off")
         relay.close()
+
+
+def test_a_spider_with_stores_of_its_own_is_crawled_and_reparsed_there(
+        web, redis_url, mongo_uri, mongo_db_name, tmp_path):
+    """A spider's custom_settings name its Redis, database and bucket. Before, ``scrapy crawl``
+    pinned the project's REDIS_URL and BLOB_STORE_URI over the spider's, ``scrapy reparse``
+    read the project's database ("no stored page matched") and ``scrapy frontier`` showed
+    the project's Redis."""
+    own_db, own_blobs = f"{mongo_db_name}_own", tmp_path / "own-blobs"
+    own_redis = redis_url.rsplit("/", 1)[0] + "/3"
+    env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri, MONGO_DATABASE=mongo_db_name,
+                         BLOB_STORE_URI=(tmp_path / "blobs").as_uri(),
+                         WEBFARM_TEST_OWN_DATABASE=own_db, WEBFARM_TEST_OWN_REDIS=own_redis,
+                         WEBFARM_TEST_OWN_BLOBS=own_blobs.as_uri())
+    crawl = runner.scrapy(["crawl", "test_own_stores", "-a", f"start={web.base_urls[0]}/",
+                           "-a", "max_pages=5", *SPIDERS], env, 120)
+    assert crawl.returncode == 0 and "Traceback" not in crawl.output, crawl.output[-3000:]
+    client = pymongo.MongoClient(mongo_uri)
+    try:
+        stored = client[own_db].pages.count_documents({})
+        assert stored >= 5
+        assert mongo_db_name not in client.list_database_names()  # not even its indexes
+        hashes = set(client[own_db].pages.distinct("content_hash"))
+        assert {p.name.split(".")[0] for p in own_blobs.rglob("*") if p.is_file()} == hashes
+        assert not (tmp_path / "blobs").exists()
+
+        reparse = runner.scrapy(["reparse", "test_own_stores", "-a", f"start={web.base_urls[0]}/",
+                                 *SPIDERS, "--dry-run"], env)
+        assert reparse.returncode == 0, reparse.output[-3000:]
+        assert counts(reparse.output)["pages"] == stored
+
+        frontier = runner.scrapy(["frontier", "test_own_stores", "--json", *SPIDERS], env)
+        assert frontier.returncode == 0, frontier.output[-3000:]
+        shown = json.loads(frontier.stdout)
+        assert shown["redis"] == own_redis and shown["seen"] >= stored
+        assert redis.Redis.from_url(redis_url).dbsize() == 0  # the project's Redis: unused
+    finally:
+        client.drop_database(own_db)
+        client.close()

@@ -47,6 +47,14 @@ def spider_class(settings: BaseSettings, name: str) -> type:
         raise CommandError(f"no spider named {name!r}; `scrapy list` shows them") from None
 
 
+def spider_settings(settings: BaseSettings, spidercls: type) -> BaseSettings:
+    """``settings`` with the spider's ``custom_settings`` applied, as its crawler will have
+    them: a spider may keep its pages in a database or bucket of its own."""
+    own = settings.copy()
+    spidercls.update_settings(own)  # type: ignore[attr-defined]
+    return own
+
+
 def service_variable(settings: BaseSettings, name: str) -> str:
     """``name`` for messages, marked when it is unset and the embedded service is meant."""
     return name if settings.get(name) else f"{name} (unset: embedded)"

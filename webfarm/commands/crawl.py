@@ -15,6 +15,7 @@ import sys
 from scrapy.commands.crawl import Command as ScrapyCrawlCommand
 
 from webfarm import config
+from webfarm.commands._common import spider_settings
 
 
 class Command(ScrapyCrawlCommand):
@@ -23,11 +24,16 @@ class Command(ScrapyCrawlCommand):
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None and self.crawler_process is not None
-        if len(args) == 1 and not self._arguments_ok(args[0], opts):
-            self.exitcode = 2
-            return
+        settings, name = self.settings, None
+        if len(args) == 1:
+            spidercls = self._spider_class(args[0], opts)
+            if spidercls is None:
+                self.exitcode = 2
+                return
+            # Check the locations the spider's crawler will use (its custom_settings too).
+            settings, name = spider_settings(self.settings, spidercls), args[0]
         try:
-            loc = config.preflight(self.settings, args[0] if len(args) == 1 else None)
+            loc = config.preflight(settings, name)
         except config.ConfigError as exc:
             print(f"webfarm: {exc}", file=sys.stderr)
             if self.settings.get("LOG_FILE"):  # scrapyd: the job's log must say why, too
@@ -37,20 +43,21 @@ class Command(ScrapyCrawlCommand):
         config.apply(self.settings, loc)
         super().run(args, opts)
 
-    def _arguments_ok(self, name: str, opts: argparse.Namespace) -> bool:
-        """Let the spider class check its ``-a`` arguments before anything starts."""
+    def _spider_class(self, name: str, opts: argparse.Namespace) -> type | None:
+        """The spider's class, once it has checked its ``-a`` arguments; None (and one
+        line on stderr) when there is no such spider or they are wrong."""
         assert self.crawler_process is not None
         try:
             spidercls = self.crawler_process.spider_loader.load(name)
         except KeyError:
             print(f"webfarm: no spider named {name!r}; `scrapy list` shows them", file=sys.stderr)
-            return False
+            return None
         check = getattr(spidercls, "check_arguments", None)
         if check is None:
-            return True
+            return spidercls
         try:
             check(**opts.spargs)
         except ValueError as exc:
             print(f"webfarm: {name}: {exc}", file=sys.stderr)
-            return False
-        return True
+            return None
+        return spidercls

@@ -37,6 +37,7 @@ from webfarm.commands._common import (
     render_table,
     report,
     spider_class,
+    spider_settings,
 )
 from webfarm.config import mask_credentials
 from webfarm.frontier import Entry, Frontier
@@ -221,8 +222,8 @@ class Command(ScrapyCommand):
             if opts.limit < 0:
                 raise CommandError(f"--limit {opts.limit}: give 0 (all) or more")
             assert self.settings is not None
-            spider_class(self.settings, args[0])
-            frontier = open_spider_frontier(self.settings, args[0])
+            settings = spider_settings(self.settings, spider_class(self.settings, args[0]))
+            frontier = open_spider_frontier(settings, args[0])
             letters = DeadLetters(frontier)
             try:
                 if opts.action == "requeue":

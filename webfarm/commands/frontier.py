@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import redis
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
+from scrapy.settings import BaseSettings
 
 from webfarm.commands._common import (
     BAD_CONFIG,
@@ -33,6 +34,7 @@ from webfarm.commands._common import (
     report,
     seconds,
     spider_class,
+    spider_settings,
     where,
 )
 from webfarm.frontier import Frontier
@@ -176,29 +178,31 @@ class Command(ScrapyCommand):
                                                       and opts.watch <= 0):
                 raise CommandError("--window and --watch take seconds > 0, --count 0 or more")
             assert self.settings is not None
-            spider_class(self.settings, args[0])
-            frontier = open_spider_frontier(self.settings, args[0])
+            settings = spider_settings(self.settings, spider_class(self.settings, args[0]))
+            frontier = open_spider_frontier(settings, args[0])
             try:
                 if opts.reset:
                     self._reset(frontier, opts.yes)
                 else:
-                    self._show(frontier, opts)
+                    self._show(frontier, settings, opts)
             except redis.RedisError as exc:
                 raise CommandError(f"Redis failed: {exc}", BAD_CONFIG) from None
         except CommandError as exc:
             report(self, exc)
 
-    def _show(self, frontier: Frontier, opts: argparse.Namespace) -> None:
+    def _show(self, frontier: Frontier, settings: BaseSettings,
+              opts: argparse.Namespace) -> None:
         if opts.watch is None:
-            self._show_once(frontier, opts)
+            self._show_once(frontier, settings, opts)
         else:
-            monitor_table.watch(lambda: self._show_once(frontier, opts), opts.watch, opts.count)
+            monitor_table.watch(lambda: self._show_once(frontier, settings, opts), opts.watch,
+                                opts.count)
 
-    def _show_once(self, frontier: Frontier, opts: argparse.Namespace) -> None:
+    def _show_once(self, frontier: Frontier, settings: BaseSettings,
+                   opts: argparse.Namespace) -> None:
         doc = snapshot(frontier)
         # Per-host figures of the workers (webfarm.monitor), worst hosts first, when any.
-        assert self.settings is not None
-        figures = monitor_table.add_figures(doc, frontier, self.settings, opts.window)
+        figures = monitor_table.add_figures(doc, frontier, settings, opts.window)
         if opts.top > 0:
             doc["per_host"] = doc["per_host"][:opts.top]
         if opts.json:

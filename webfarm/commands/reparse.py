@@ -118,6 +118,7 @@ class Command(ScrapyCommand):
             spider = spidercls.from_crawler(crawler, **opts.spargs)
         except ValueError as exc:
             raise CommandError(f"{name}: {exc}") from None
+        settings = crawler.settings  # the spider's own (a database or bucket of its own)
         # No crawl starts, so nothing sets the stats; a pipeline's from_crawler may take them.
         crawler.stats = load_object(settings["STATS_CLASS"])(crawler)
         pipelines = ProjectPipelines.from_crawler(crawler, spider)
