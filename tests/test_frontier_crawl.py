@@ -205,13 +205,34 @@ def test_malformed_entry_is_dead_lettered_not_run(shop, stores, tmp_path):
     frontier.push([
         Entry(host, 10, b"x" * 20, '{"url": "http://x/", "_class": "os.system"}'),
         Entry(host, 10, b"y" * 20, "\x80 not json"),
+        # Methods of the spider that are Scrapy's machinery, not callbacks.
+        Entry(host, 10, b"z" * 20, f'{{"url": "{base}/a", "callback": "_set_crawler"}}'),
+        Entry(host, 10, b"w" * 20, f'{{"url": "{base}/b", "callback": "start"}}'),
     ])
     env = runner.env_for(**stores, WEBFARM_IDLE_TIMEOUT="2")
     result = runner.scrapy(["crawl", "generic", "-a", f"start={base}/"], env, timeout=180)
     assert result.returncode == 0, result.output[-2000:]
     assert set(stored(stores)) == shop.expected_pages(base)
     reasons = sorted(letter["reason"] for letter in frontier.dead_letters())
-    assert len(reasons) == 2 and all("malformed frontier entry" in r for r in reasons)
+    assert len(reasons) == 4 and all("malformed frontier entry" in r for r in reasons)
+    assert sum("is not a callback of spider 'generic'" in r for r in reasons) == 2, reasons
+
+
+@pytest.mark.parametrize("spider", ["test_crawlspider", "test_sitemapspider"])
+def test_scrapys_crawlspider_and_sitemapspider_crawl_on_the_frontier(shop, stores, spider):
+    """Their callbacks are private methods of Scrapy's (``_callback``, ``_errback``,
+    ``_parse_sitemap``). Before, the frontier refused every such entry as malformed and
+    dead-lettered it: a CrawlSpider crawled its start page and nothing else."""
+    env = runner.env_for(**stores)
+    result = runner.scrapy(["crawl", spider, "-a", f"start={shop.base_urls[0]}/",
+                            "-s", "SPIDER_MODULES=spiders,tests.spiders"], env, timeout=180)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "ERROR" not in result.output, result.output[-3000:]
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    skus = sorted(doc["_id"] for doc in db.scrapy_products.find())
+    assert len(skus) == 10 and all(s.startswith("WF") for s in skus), skus  # 2 x 5 products
+    assert list(frontier_of(stores["REDIS_URL"], spider).dead_letters()) == []
+    db.client.close()
 
 
 @pytest.fixture()

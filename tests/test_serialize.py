@@ -54,7 +54,7 @@ def test_credentials_never_serialised():
         (b"\x80\x04\x95pickle", "not JSON"),
         (b'{"no": "url"}', "no 'url'"),
         (b'{"url": "http://x/", "_class": "os.system"}', "not allowed"),
-        (b'{"url": "http://x/", "callback": "__init__"}', "public spider method"),
+        (b'{"url": "http://x/", "callback": "__init__"}', "must name a spider method"),
         (b"[1, 2]", "no 'url'"),
     ],
 )

@@ -116,6 +116,26 @@ def decode_request(payload: str | bytes, spider: Spider | None) -> Request:
     errors of ``request_from_dict``) for anything that is not one of ours."""
     data = serialize.loads(payload)
     try:
-        return request_from_dict(data, spider=spider)
+        request = request_from_dict(data, spider=spider)
     except (TypeError, ValueError, AttributeError, KeyError) as exc:
         raise serialize.SerializationError(f"not a request of this spider: {exc}") from None
+    if spider is not None:
+        for what in ("callback", "errback"):
+            func = getattr(request, what)
+            if func is not None and not _is_callback(spider, func, data[what]):
+                raise serialize.SerializationError(
+                    f"{what} {data[what]!r} is not a callback of spider {spider.name!r}")
+    return request
+
+
+#: What Scrapy's Spider defines that is no callback (``_set_crawler``, ``start``, ...): an
+#: entry naming one is refused. Private callbacks are allowed, because Scrapy's own spiders
+#: have them: CrawlSpider's ``_callback``/``_errback``, SitemapSpider's ``_parse_sitemap``.
+_SPIDER_INTERNALS = frozenset(n for n in dir(Spider) if not n.startswith("__")) - {
+    "parse", "_parse"}
+
+
+def _is_callback(spider: Spider, func: Any, name: str) -> bool:
+    """``func`` is a method of this spider instance, and not one of Scrapy's own machinery."""
+    return (getattr(func, "__self__", None) is spider and name not in _SPIDER_INTERNALS
+            and getattr(func, "__name__", name) not in _SPIDER_INTERNALS)

@@ -120,6 +120,6 @@ def loads(data: str | bytes) -> dict[str, Any]:
         raise SerializationError(f"request class {cls!r} is not allowed")
     for name in ("callback", "errback"):
         value = obj.get(name)
-        if value is not None and (not isinstance(value, str) or value.startswith("_")):
-            raise SerializationError(f"{name} must name a public spider method, got {value!r}")
+        if value is not None and (not isinstance(value, str) or value.startswith("__")):
+            raise SerializationError(f"{name} must name a spider method, got {value!r}")
     return _decode(obj)

@@ -1,0 +1,61 @@
+"""Scrapy's own generic spiders, as a user brings them from a plain Scrapy project: a
+``CrawlSpider`` with rules and a ``SitemapSpider``, not based on ``WebfarmSpider``. Their
+callbacks are private methods of Scrapy's (``_callback``, ``_errback``, ``_parse_sitemap``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+from scrapy.http import Response
+from scrapy.linkextractors import LinkExtractor
+from scrapy.spiders import CrawlSpider, Rule, SitemapSpider
+
+
+@dataclass
+class ShopProduct:
+    item_collection: ClassVar[str] = "scrapy_products"
+    key_fields: ClassVar[tuple[str, ...]] = ("sku",)
+
+    sku: str
+    name: str
+
+
+def product(response: Response) -> Iterator[ShopProduct]:
+    sku = response.css(".sku::text").re_first(r"SKU:\s*(\S+)")
+    if sku:
+        yield ShopProduct(sku=sku, name=response.css("h1::text").get() or "")
+
+
+class ShopCrawlSpider(CrawlSpider):
+    name = "test_crawlspider"
+    rules = (
+        Rule(LinkExtractor(allow=r"/category/"), follow=True),
+        Rule(LinkExtractor(allow=r"/product/"), callback="parse_product",
+             errback="product_failed"),
+    )
+
+    def __init__(self, start: str = "", *args: Any, **kwargs: Any) -> None:
+        self.start_urls = [start]
+        self.allowed_domains = [urlsplit(start).hostname or ""]
+        super().__init__(*args, **kwargs)
+
+    def parse_product(self, response: Response) -> Iterator[ShopProduct]:
+        return product(response)
+
+    def product_failed(self, failure: Any) -> None:
+        self.logger.error("product page failed: %s", failure)
+
+
+class ShopSitemapSpider(SitemapSpider):
+    name = "test_sitemapspider"
+    sitemap_rules = [(r"/product/", "parse_product")]
+
+    def __init__(self, start: str = "", *args: Any, **kwargs: Any) -> None:
+        self.sitemap_urls = [f"{start.rstrip('/')}/sitemap_index.xml"]  # index -> .xml.gz
+        super().__init__(*args, **kwargs)
+
+    def parse_product(self, response: Response) -> Iterator[ShopProduct]:
+        return product(response)
