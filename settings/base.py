@@ -93,6 +93,8 @@ WEBFARM_IDLE_TIMEOUT = _env_float("WEBFARM_IDLE_TIMEOUT", 10.0)
 
 # Retries go through the frontier (backoff, dead-letter queue), not Scrapy's RetryMiddleware.
 RETRY_ENABLED = True
+# Items of spiders not based on WebfarmSpider (CrawlSpider, SitemapSpider) keep their page's URL.
+SPIDER_MIDDLEWARES = {"middlewares.sources.ItemSourceMiddleware": 950}
 DOWNLOADER_MIDDLEWARES = {
     "middlewares.ssrf.SSRFGuardMiddleware": 50,
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,

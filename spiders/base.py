@@ -51,6 +51,8 @@ class WebfarmSpider(scrapy.Spider):
     follow_links = True
     link_extractor = LinkExtractor(unique=True)
     max_links = MAX_LINKS_PER_PAGE  # WEBFARM_MAX_LINKS_PER_PAGE in a crawl (0: no limit)
+    #: it tags its items with their page itself (middlewares.sources leaves it alone)
+    tags_item_sources = True
 
     def __init__(
         self, start: str | None = None, domains: str | None = None,

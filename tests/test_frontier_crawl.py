@@ -218,19 +218,26 @@ def test_malformed_entry_is_dead_lettered_not_run(shop, stores, tmp_path):
     assert sum("is not a callback of spider 'generic'" in r for r in reasons) == 2, reasons
 
 
-@pytest.mark.parametrize("spider", ["test_crawlspider", "test_sitemapspider"])
-def test_scrapys_crawlspider_and_sitemapspider_crawl_on_the_frontier(shop, stores, spider):
+@pytest.mark.parametrize(("spider", "collection"), [("test_crawlspider", "scrapy_products"),
+                                                   ("test_sitemapspider", "items")])
+def test_scrapys_crawlspider_and_sitemapspider_crawl_on_the_frontier(shop, stores, spider,
+                                                                    collection):
     """Their callbacks are private methods of Scrapy's (``_callback``, ``_errback``,
     ``_parse_sitemap``). Before, the frontier refused every such entry as malformed and
-    dead-lettered it: a CrawlSpider crawled its start page and nothing else."""
+    dead-lettered it: a CrawlSpider crawled its start page and nothing else. Their items
+    keep their page's URL, so a dict without a key is stored once per page."""
     env = runner.env_for(**stores)
     result = runner.scrapy(["crawl", spider, "-a", f"start={shop.base_urls[0]}/",
                             "-s", "SPIDER_MODULES=spiders,tests.spiders"], env, timeout=180)
     assert result.returncode == 0, result.output[-3000:]
     assert "ERROR" not in result.output, result.output[-3000:]
     db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
-    skus = sorted(doc["_id"] for doc in db.scrapy_products.find())
-    assert len(skus) == 10 and all(s.startswith("WF") for s in skus), skus  # 2 x 5 products
+    docs = list(db[collection].find())
+    assert sorted(doc["sku"] for doc in docs) == sorted(
+        f"WF0{c}-000{p}" for c in (1, 2) for p in range(1, 6)), docs  # 2 x 5 products
+    for doc in docs:
+        assert doc["source_url"] == f"{shop.base_urls[0]}/product/{doc['sku']}"
+        assert doc["_id"] == (doc["sku"] if collection == "scrapy_products" else doc["source_url"])
     assert list(frontier_of(stores["REDIS_URL"], spider).dead_letters()) == []
     db.client.close()
 

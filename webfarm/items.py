@@ -83,6 +83,12 @@ def attach_source(item: Any, source: ItemSource) -> Any:
     return item
 
 
+def has_source(item: Any) -> bool:
+    """Whether ``item``'s page is known (:func:`attach_source`)."""
+    entry = _SOURCES.get(id(item))
+    return entry is not None and entry[0] is item
+
+
 def enter_chain(item: Any) -> None:
     """At the head of the item pipelines: remember ``item``'s page for this chain.
 

@@ -1,6 +1,8 @@
 """Scrapy's own generic spiders, as a user brings them from a plain Scrapy project: a
 ``CrawlSpider`` with rules and a ``SitemapSpider``, not based on ``WebfarmSpider``. Their
-callbacks are private methods of Scrapy's (``_callback``, ``_errback``, ``_parse_sitemap``)."""
+callbacks are private methods of Scrapy's (``_callback``, ``_errback``, ``_parse_sitemap``).
+The sitemap spider yields plain dicts without a key, as ``genspider -t crawl``'s template
+does: they are stored one per page, in the ``items`` collection."""
 
 from __future__ import annotations
 
@@ -57,5 +59,6 @@ class ShopSitemapSpider(SitemapSpider):
         self.sitemap_urls = [f"{start.rstrip('/')}/sitemap_index.xml"]  # index -> .xml.gz
         super().__init__(*args, **kwargs)
 
-    def parse_product(self, response: Response) -> Iterator[ShopProduct]:
-        return product(response)
+    def parse_product(self, response: Response) -> Iterator[Any]:
+        for item in product(response):
+            yield {"sku": item.sku, "name": item.name}
