@@ -10,7 +10,7 @@ from scrapy.settings import BaseSettings
 from scrapy.statscollectors import StatsCollector
 
 from webfarm.content import fingerprint, volatile_patterns
-from webfarm.items import PageItem, enter_chain
+from webfarm.items import PageItem
 from webfarm.storeworker import StorageProcess, StorageProcessDied, sched_batch_setting
 from webfarm.threads import StorageThreads, storage_threads
 
@@ -136,8 +136,6 @@ class ContentHashPipeline:
     async def process_item(self, item: Any) -> Any:
         if isinstance(item, PageItem):
             await self.hasher.ensure(item)
-        else:  # the head of the chain: the item store finds the page of a remade item
-            enter_chain(item)
         return item
 
 

@@ -208,6 +208,9 @@ WEBFARM_FETCH_API_HOSTS = _env("WEBFARM_FETCH_API_HOSTS")  # comma-separated: al
 WEBFARM_FETCH_API_TIMEOUT = 60.0
 
 # --- storage ----------------------------------------------------------------
+# Scrapy's pipeline manager, noting each item's page before the first pipeline: an item a
+# project's pipeline returns anew (of any priority) is stored with its page's URL and hash.
+ITEM_PROCESSOR = "pipelines.chain.ItemChainManager"
 ITEM_PIPELINES = {
     "pipelines.content.ContentHashPipeline": 100,
     "pipelines.blobs.BlobStorePipeline": 300,

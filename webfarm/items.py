@@ -90,13 +90,8 @@ def has_source(item: Any) -> bool:
 
 
 def enter_chain(item: Any) -> None:
-    """At the head of the item pipelines: remember ``item``'s page for this chain.
-
-    A project's pipeline that returns a new object (``dataclasses.replace``, a cleaned
-    copy) instead of the item it got left the item store without the page: the item was
-    stored with an empty ``source_url`` and no ``content_hash``. Scrapy awaits one item's
-    pipelines one after the other in one task, so a context variable set here is the
-    chain's own when the item store reads it."""
+    """At the head of the item pipelines (``pipelines.chain``): remember ``item``'s page
+    for this chain, for an item a pipeline makes anew (:func:`source_of` ``in_chain``)."""
     entry = _SOURCES.get(id(item))
     _CHAIN_SOURCE.set(entry[1] if entry is not None and entry[0] is item else None)
 

@@ -110,9 +110,8 @@ def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None
             f"{', '.join(missing)}"
         if not source_url and "source_url" in missing:
             raise ItemError(f"{what}: it does not come from a page (it was yielded outside a "
-                            "callback, e.g. by start(), or made anew by a pipeline placed "
-                            "before 100); give the item a key of its own (key_fields on its "
-                            "class, _key in a dict)")
+                            "callback, e.g. by start()); give the item a key of its own "
+                            "(key_fields on its class, _key in a dict)")
         raise ItemError(f"{what} (from {source_url}); fill it in the spider, or name another "
                         "key (key_fields on the item's class, _key in a dict)")
     several = [f for f in key_fields if isinstance(values[f], (list, tuple, set, frozenset))]
