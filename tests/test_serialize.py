@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -67,3 +68,21 @@ def test_unserialisable_meta_gives_clear_error():
     req = scrapy.Request("http://example.com/", meta={"obj": object()})
     with pytest.raises(serialize.SerializationError, match="JSON types"):
         serialize.dumps(req.to_dict())
+
+
+@pytest.mark.parametrize("callback", [
+    lambda response: None,
+    functools.partial(Spider.parse_item, None),
+    str.upper,
+], ids=["lambda", "partial", "builtin"])
+def test_a_callback_a_queued_request_cannot_name_is_refused_with_the_fix(callback):
+    """Scrapy's ValueError escaped the scheduler, and the task handling the rest of the
+    callback's output ended with 'Task exception was never retrieved'."""
+    from scrapy.utils.request import RequestFingerprinter
+
+    from webfarm.queue import request_entry
+
+    request = scrapy.Request("http://example.com/", callback=callback)
+    with pytest.raises(serialize.SerializationError,
+                       match=r"is not a method of the spider; .*pass values with cb_kwargs"):
+        request_entry(request, Spider(), RequestFingerprinter())

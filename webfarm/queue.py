@@ -72,12 +72,26 @@ def _method_name(spider: Spider | None, func: Any) -> Any:
     if not callable(func):
         return func
     if spider is None or getattr(func, "__self__", None) is not spider:
-        return _find_method(spider, func)  # raises the usual error
+        return _spider_method(spider, func)  # raises the usual error
     names = _METHOD_NAMES.setdefault(spider, {})
     name = names.get(func.__func__)
     if name is None:
-        name = names[func.__func__] = _find_method(spider, func)
+        name = names[func.__func__] = _spider_method(spider, func)
     return name
+
+
+def _spider_method(spider: Spider | None, func: Any) -> str:
+    """The name of ``func`` on ``spider``; a lambda, ``functools.partial`` or another
+    object's method cannot be named in a frontier entry: SerializationError, with the fix
+    (before, Scrapy's ValueError ended the task handling the rest of the callback's output)."""
+    try:
+        return _find_method(spider, func)
+    except ValueError:
+        what = getattr(func, "__qualname__", None) or type(func).__name__
+        raise serialize.SerializationError(
+            f"its callback or errback {what} is not a method of the spider; a queued request "
+            "names it, so make it one (pass values with cb_kwargs, not a lambda or "
+            "functools.partial)") from None
 
 
 def request_dict(request: Request, spider: Spider | None) -> dict[str, Any]:
