@@ -63,6 +63,7 @@ from twisted.internet.task import deferLater
 from middlewares.retry import parse_retry_after
 from webfarm import signals as wf_signals
 from webfarm.exceptions import DeadLetter, RetryLater
+from webfarm.queue import host_delay
 from webfarm.redisconn import close_client, crawl_redis_client
 from webfarm.robots import (
     ALLOW_ALL,
@@ -121,7 +122,7 @@ class RobotsMiddleware:
         self.wait_seconds = settings.getfloat("WEBFARM_ROBOTS_WAIT", 30.0)
         self.max_crawl_delay = settings.getfloat("WEBFARM_MAX_CRAWL_DELAY", 60.0)
         self.retry_after_max = settings.getfloat("WEBFARM_RETRY_AFTER_MAX", 3600.0)
-        self.base_delay = settings.getfloat("WEBFARM_HOST_DELAY", 1.0)
+        self.base_delay = host_delay(settings)
         self.lock_seconds = (MAX_REDIRECTS + 1) * settings.getfloat("DOWNLOAD_TIMEOUT", 180) + 10
         spider = crawler.spider.name if crawler.spider else crawler.spidercls.name
         self.cache = SharedRobotsCache(crawl_redis_client(settings), spider, self.lock_seconds,

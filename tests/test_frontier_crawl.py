@@ -45,14 +45,21 @@ def page_hits(web, base):
     return [h for h in web.hits_for(host=base) if h.path != "/robots.txt"]
 
 
-def test_two_workers_keep_the_host_delay_at_the_server(shop, stores, tmp_path):
+@pytest.mark.parametrize("setting", ["WEBFARM_HOST_DELAY", "DOWNLOAD_DELAY"])
+def test_two_workers_keep_the_host_delay_at_the_server(shop, stores, tmp_path, setting):
+    """Scrapy's DOWNLOAD_DELAY (or a spider's download_delay) is a floor of the shared host
+    delay: before, each worker waited it only between its own requests, so two workers hit
+    the host twice as often as it asked."""
     base = shop.base_urls[0]
     delay = 0.4
-    env = runner.env_for(**stores, WEBFARM_HOST_DELAY=str(delay), WEBFARM_IDLE_TIMEOUT="2")
-    procs = [
-        runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, tmp_path / "a.log"),
-        runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, tmp_path / "b.log"),
-    ]
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0", WEBFARM_IDLE_TIMEOUT="2")
+    args = ["crawl", "generic", "-a", f"start={base}/"]
+    if setting == "WEBFARM_HOST_DELAY":
+        env[setting] = str(delay)
+    else:
+        args += ["-s", f"{setting}={delay}"]
+    procs = [runner.popen(args, env, tmp_path / "a.log"),
+             runner.popen(args, env, tmp_path / "b.log")]
     assert [p.wait(180) for p in procs] == [0, 0]
     hits = sorted(h.monotonic for h in page_hits(shop, base))
     gaps = [b - a for a, b in zip(hits, hits[1:], strict=False)]

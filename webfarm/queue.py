@@ -38,6 +38,15 @@ def dupefilter_mode(settings: BaseSettings) -> str:
     return mode
 
 
+def host_delay(settings: BaseSettings) -> float:
+    """Seconds between two requests to one host, across every worker: ``WEBFARM_HOST_DELAY``,
+    or Scrapy's ``DOWNLOAD_DELAY`` when it is longer (a spider's ``custom_settings``, or its
+    deprecated ``download_delay`` attribute, which Scrapy maps onto it). Scrapy waits that per
+    worker; honoured only there, ten workers would hit a site ten times as often as the
+    spider's author asked."""
+    return max(settings.getfloat("WEBFARM_HOST_DELAY", 1.0), settings.getfloat("DOWNLOAD_DELAY"))
+
+
 def open_frontier(
     settings: BaseSettings, spider_name: str, server: redis.Redis | None = None
 ) -> Frontier:
@@ -55,7 +64,7 @@ def open_frontier(
         server if server is not None else redis_client(settings),
         spider_name,
         lease_seconds=settings.getfloat("WEBFARM_LEASE_SECONDS", 600.0),
-        default_delay=settings.getfloat("WEBFARM_HOST_DELAY", 1.0),
+        default_delay=host_delay(settings),
         dupefilter=dupefilter_mode(settings),
         bloom_capacity=settings.getint("WEBFARM_BLOOM_CAPACITY", 1_000_000),
         bloom_error_rate=settings.getfloat("WEBFARM_BLOOM_ERROR_RATE", 0.001),

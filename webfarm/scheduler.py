@@ -124,6 +124,11 @@ class Scheduler(BaseScheduler):
     def open(self, spider: Spider) -> None:
         self.spider = spider
         self.frontier = open_frontier(self.crawler.settings, spider.name, self.server)
+        # DOWNLOAD_DELAY is part of the host delay the frontier keeps between any two
+        # workers' requests (webfarm.queue.host_delay). Scrapy's own wait, per worker, would
+        # hold a request handed out on time until just after another worker's reached the
+        # host; as Scrapy's AutoThrottle does, set the delay of new download slots.
+        self.crawler.engine.downloader._delay = 0.0
         if self.crawler.settings.getbool("SCHEDULER_FLUSH_ON_START"):
             deleted = self.frontier.reset()
             logger.warning("SCHEDULER_FLUSH_ON_START: wiped the frontier (%d keys)", deleted)

@@ -19,6 +19,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.http import Response
 
 from webfarm import signals as wf_signals
+from webfarm.queue import host_delay
 from webfarm.urls import host_of
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ class HostThrottle:
         if not settings.getbool("WEBFARM_AUTOTHROTTLE", True):
             raise NotConfigured
         self.crawler = crawler
-        self.min_delay = settings.getfloat("WEBFARM_HOST_DELAY", 1.0)
+        self.min_delay = host_delay(settings)
         self.max_delay = settings.getfloat("AUTOTHROTTLE_MAX_DELAY", 60.0)
         self.target = settings.getfloat("AUTOTHROTTLE_TARGET_CONCURRENCY", 1.0)
         if self.target <= 0:
