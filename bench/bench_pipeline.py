@@ -80,7 +80,7 @@ def overrides(setup: str) -> dict[str, object]:
     bare = {"SCHEDULER": "scrapy.core.scheduler.Scheduler",
             "DUPEFILTER_CLASS": "scrapy.dupefilters.RFPDupeFilter"}
     if setup == "bare Scrapy":
-        return {**common, **bare, "ITEM_PIPELINES": {}}
+        return {**common, **bare, "ITEM_PIPELINES_BASE": {}}
     if setup != "scrapy-redis":
         common.update(extra)
     if setup == "storage only":  # Scrapy's scheduler + webfarm's storage pipelines
@@ -88,7 +88,7 @@ def overrides(setup: str) -> dict[str, object]:
     if setup in WORKERS:  # the parent flushed Redis; a later worker must not flush it again
         return {**common, "SCHEDULER_FLUSH_ON_START": False}
     if setup == "frontier only":  # webfarm's frontier, no pipelines
-        return {**common, "SCHEDULER_FLUSH_ON_START": True, "ITEM_PIPELINES": {}}
+        return {**common, "SCHEDULER_FLUSH_ON_START": True, "ITEM_PIPELINES_BASE": {}}
     if setup == "scrapy-redis":
         return {**common, "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
                 "SCHEDULER_QUEUE_CLASS": "scrapy_redis.queue.PriorityQueue",
@@ -97,7 +97,7 @@ def overrides(setup: str) -> dict[str, object]:
                 "SCHEDULER_DUPEFILTER_KEY": "%(spider)s:dupefilter",
                 "SCHEDULER_SERIALIZER": "scrapy_redis.picklecompat",
                 "SCHEDULER_FLUSH_ON_START": True, "SCHEDULER_PERSIST": False,
-                "ITEM_PIPELINES": {}}
+                "ITEM_PIPELINES_BASE": {}}
     return {**common, "SCHEDULER_FLUSH_ON_START": True}
 
 

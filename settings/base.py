@@ -211,12 +211,17 @@ WEBFARM_FETCH_API_TIMEOUT = 60.0
 # Scrapy's pipeline manager, noting each item's page before the first pipeline: an item a
 # project's pipeline returns anew (of any priority) is stored with its page's URL and hash.
 ITEM_PROCESSOR = "pipelines.chain.ItemChainManager"
-ITEM_PIPELINES = {
+# The storage pipelines are in the _BASE dict, as Scrapy keeps its own components: a project's
+# or a spider's ITEM_PIPELINES (custom_settings, -s, scrapyd's setting=) adds to them instead
+# of silently replacing them, which acknowledged every page with nothing stored. None there
+# turns one off, e.g. {"pipelines.items.ItemStorePipeline": None}.
+ITEM_PIPELINES_BASE = {
     "pipelines.content.ContentHashPipeline": 100,
     "pipelines.blobs.BlobStorePipeline": 300,
     "pipelines.index.IndexPipeline": 500,
     "pipelines.items.ItemStorePipeline": 600,  # structured items (webfarm/itemstore.py)
 }
+ITEM_PIPELINES: dict[str, int | None] = {}  # the project's own: cleaning before 600
 # Threads that run blocking storage calls (boto3, pymongo) off the reactor.
 WEBFARM_STORAGE_THREADS = 16
 # Run the pipelines' store calls (pymongo, boto3) in a helper process, off the crawler's GIL.
