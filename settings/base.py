@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+from scrapy.settings import default_settings as _scrapy
+
 
 def _env(name: str, default: str = "") -> str:
     return os.environ.get(name, default).strip()
@@ -93,9 +95,15 @@ WEBFARM_IDLE_TIMEOUT = _env_float("WEBFARM_IDLE_TIMEOUT", 10.0)
 
 # Retries go through the frontier (backoff, dead-letter queue), not Scrapy's RetryMiddleware.
 RETRY_ENABLED = True
+# webfarm's components join Scrapy's own in the _BASE dicts (None there drops one of Scrapy's),
+# so a project's or spider's DOWNLOADER_MIDDLEWARES / SPIDER_MIDDLEWARES / EXTENSIONS (its
+# custom_settings, -s, scrapyd's setting=) adds to them. Replacing them dropped the SSRF
+# guard, robots.txt, the frontier's retries and politeness without a word.
 # Items of spiders not based on WebfarmSpider (CrawlSpider, SitemapSpider) keep their page's URL.
-SPIDER_MIDDLEWARES = {"middlewares.sources.ItemSourceMiddleware": 950}
-DOWNLOADER_MIDDLEWARES = {
+SPIDER_MIDDLEWARES_BASE = {**_scrapy.SPIDER_MIDDLEWARES_BASE,
+                           "middlewares.sources.ItemSourceMiddleware": 950}
+DOWNLOADER_MIDDLEWARES_BASE = {
+    **_scrapy.DOWNLOADER_MIDDLEWARES_BASE,
     "middlewares.ssrf.SSRFGuardMiddleware": 50,
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     # RFC 9309 robots.txt, shared by workers (Scrapy's allows all on 5xx and errors).
@@ -128,7 +136,8 @@ AUTOTHROTTLE_ENABLED = False
 WEBFARM_AUTOTHROTTLE = True
 AUTOTHROTTLE_TARGET_CONCURRENCY = 1.0
 AUTOTHROTTLE_MAX_DELAY = 60.0
-EXTENSIONS = {
+EXTENSIONS_BASE = {
+    **_scrapy.EXTENSIONS_BASE,
     # -o / FEEDS export the spider's items, not its PageItems (webfarm/feeds.py)
     "scrapy.extensions.feedexport.FeedExporter": None,
     "webfarm.feeds.FeedExporter": 0,
@@ -137,6 +146,10 @@ EXTENSIONS = {
     "webfarm.monitor.extension.MonitorExtension": 510,
     "webfarm.gctune.GcTuning": 530,  # fewer, cheaper garbage collections (WEBFARM_GC_*)
 }
+# The project's own components (a spider's custom_settings may name more).
+SPIDER_MIDDLEWARES: dict[str, int | None] = {}
+DOWNLOADER_MIDDLEWARES: dict[str, int | None] = {}
+EXTENSIONS: dict[str, int | None] = {}
 # Garbage collection: freeze the startup heap and raise the collector's thresholds while a
 # spider runs (webfarm/gctune.py); the thresholds are CPython's (gen0 objects, gen1, gen2).
 WEBFARM_GC_TUNING = True

@@ -333,7 +333,7 @@ def test_off_without_proxies_and_order_is_checked(redis_url):
     from scrapy.exceptions import NotConfigured
 
     # On in the project's settings, before HttpProxyMiddleware; idle without WEBFARM_PROXIES.
-    assert base_settings.DOWNLOADER_MIDDLEWARES[MW] == 740
+    assert base_settings.DOWNLOADER_MIDDLEWARES_BASE[MW] == 740
     with pytest.raises(NotConfigured):
         ProxyMiddleware.from_crawler(crawler_for(redis_url, ""))
     with pytest.raises(ValueError, match="lower DOWNLOADER_MIDDLEWARES priority"):
@@ -363,7 +363,6 @@ def crawl_through(proxy_setting, redis_url, mongo_uri, mongo_db_name, tmp_path, 
                          BLOB_STORE_URI=(tmp_path / "blobs").as_uri(),
                          WEBFARM_PROXIES=proxy_setting)
     args = ["crawl", "generic", "-a", f"start={start or base + '/'}", "-s", "LOG_LEVEL=DEBUG",
-            "-s", json_setting("DOWNLOADER_MIDDLEWARES", with_proxies()),
             "-s", "WEBFARM_PROXY_BACKOFF_BASE=0.3", "-s", "WEBFARM_PROXY_MAX_FAILURES=3",
             "-s", "WEBFARM_PROXY_HEALTH_REFRESH=0.2",
             # The plain HTTP client only: every proxy hit is then one Scrapy request (Chromium
@@ -373,11 +372,6 @@ def crawl_through(proxy_setting, redis_url, mongo_uri, mongo_db_name, tmp_path, 
     assert result.returncode == 0, result.output[-3000:]
     assert "Traceback" not in result.output, result.output[-3000:]
     return result
-
-
-def with_proxies():
-    """The project's downloader middlewares plus this one (``-s`` replaces the whole dict)."""
-    return {**getattr(base_settings, "DOWNLOADER_MIDDLEWARES", {}), MW: 740}
 
 
 def json_setting(name, value):
@@ -498,9 +492,8 @@ def test_bad_proxy_entry_stops_the_crawl_with_one_clear_line(redis_url, mongo_ur
     env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri, MONGO_DATABASE="wf_badproxy",
                          BLOB_STORE_URI=(tmp_path / "b").as_uri(),
                          WEBFARM_PROXIES=f"127.0.0.1:3128, http://u:{SECRET}@127.0.0.1:notaport")
-    result = runner.scrapy(["crawl", "generic", "-a", "start=http://127.0.0.2:1/",
-                            "-s", json_setting("DOWNLOADER_MIDDLEWARES", with_proxies())],
-                           env, timeout=60)
+    result = runner.scrapy(["crawl", "generic", "-a", "start=http://127.0.0.2:1/"], env,
+                           timeout=60)
     assert result.returncode != 0
     assert re.search(r"WEBFARM_PROXIES: entry 2 \(127\.0\.0\.1:notaport\): not a URL",
                      result.output), result.output[-2000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from scrapy.settings import Settings
@@ -153,3 +154,29 @@ def test_the_guard_is_off_only_when_its_setting_says_so():
     assert SSRFGuardMiddleware.from_crawler(get_crawler()).guard.enabled
     with pytest.raises(NotConfigured):
         SSRFGuardMiddleware.from_crawler(get_crawler(settings_dict={"WEBFARM_SSRF_GUARD": False}))
+
+
+def test_a_spider_adding_components_of_its_own_keeps_the_guard(web, stores):
+    """A spider's custom_settings (or -s, or scrapyd's setting=) naming DOWNLOADER_MIDDLEWARES,
+    SPIDER_MIDDLEWARES or EXTENSIONS replaced webfarm's: the SSRF guard, robots.txt, the
+    frontier's retries and the host throttle were gone without a word."""
+    allowed, refused = web.base_urls  # 127.0.0.2 allowed, 127.0.0.3 not
+    env = runner.env_for(**stores, WEBFARM_ALLOWED_NETWORKS="127.0.0.2/32")
+    own = {"DOWNLOADER_MIDDLEWARES": {"scrapy.downloadermiddlewares.useragent."
+                                      "UserAgentMiddleware": 450},
+           "SPIDER_MIDDLEWARES": {"scrapy.spidermiddlewares.depth.DepthMiddleware": 900},
+           "EXTENSIONS": {"scrapy.extensions.logstats.LogStats": 10}}
+    result = runner.scrapy(["crawl", "generic", "-a", f"start={allowed}/,{refused}/",
+                            "-a", "max_pages=1",
+                            *[a for k, v in own.items() for a in ("-s", f"{k}={json.dumps(v)}")]],
+                           env, timeout=120)
+    assert result.returncode == 0, result.output[-3000:]
+    assert web.hits_for(host=refused) == []
+    dead = crawlcheck.dead_letters(stores["REDIS_URL"])
+    assert dead[f"{refused}/"]["reason"].startswith("ssrf: loopback address 127.0.0.3"), dead
+    assert web.hits_for(host=allowed, path="/robots.txt")  # webfarm's robots middleware
+    for component in ("middlewares.ssrf.SSRFGuardMiddleware", "webfarm.throttle.HostThrottle",
+                      "middlewares.retry.FrontierRetryMiddleware",
+                      "scrapy.downloadermiddlewares.useragent.UserAgentMiddleware"):
+        assert component in result.output, component  # Scrapy's "Enabled ..." lists
+    assert "scrapy.downloadermiddlewares.retry.RetryMiddleware" not in result.output
