@@ -156,7 +156,7 @@ def check_redis(url: str, variable: str = "REDIS_URL", timeout: float = 5.0,
         raise ConfigError(f"{variable}: {safe_url(url)} refused the user name or password "
                           f"({exc}); fix them in the URL") from None
     except redis.exceptions.NoPermissionError as exc:
-        raise ConfigError(redis_refused(exc, client, variable)) from None
+        raise ConfigError(_redis_refused(exc, client, variable)) from None
     except redis.ResponseError as exc:  # it answered: "DB index is out of range", ...
         raise ConfigError(f"{variable}: {safe_url(url)} refused ({exc}); fix the URL") from None
     except (redis.RedisError, ValueError, OSError) as exc:
@@ -169,6 +169,7 @@ def check_redis(url: str, variable: str = "REDIS_URL", timeout: float = 5.0,
 
 
 def _check_scripts(client: Any, probe: str, url: str, variable: str) -> None:
+    """Run :data:`_ACCESS_CHECK` on ``probe``; NOPERM goes up to :func:`check_redis`."""
     import redis
 
     try:
@@ -182,7 +183,7 @@ def _check_scripts(client: Any, probe: str, url: str, variable: str) -> None:
         ) from None
 
 
-def redis_refused(exc: Exception, client: Any, variable: str = "REDIS_URL") -> str:
+def _redis_refused(exc: Exception, client: Any, variable: str = "REDIS_URL") -> str:
     """What to do when Redis's ACL refuses ``client``'s user a command or a key (NOPERM)."""
     kw = client.get_connection_kwargs()
     user = kw.get("username") or "default"

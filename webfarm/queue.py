@@ -81,7 +81,7 @@ def _method_name(spider: Spider | None, func: Any) -> Any:
     if not callable(func):
         return func
     if spider is None or getattr(func, "__self__", None) is not spider:
-        return _spider_method(spider, func)  # raises the usual error
+        return _spider_method(spider, func)  # SerializationError when it has no name there
     names = _METHOD_NAMES.setdefault(spider, {})
     name = names.get(func.__func__)
     if name is None:
