@@ -106,3 +106,34 @@ def test_bad_spider_arguments(redis_url, mongo_uri, tmp_path, spider_args, messa
     assert "Traceback" not in result.output
     errors = [line for line in result.stderr.splitlines() if line.startswith("webfarm: generic:")]
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+
+
+def test_a_spider_whose_start_requests_scrapy_no_longer_calls_is_refused():
+    """Scrapy 2.19 calls start() only: such a spider crawled nothing, without a word."""
+    from scrapy.spiders import SitemapSpider
+    from scrapy_redis.spiders import RedisSpider
+
+    from spiders.generic import GenericSpider
+    from tests.spiders.old_start import BothStartsSpider, OldStartSpider
+    from tests.spiders.scrapy_spiders import ShopCrawlSpider
+    from webfarm.commands.crawl import refuse_ignored_start_requests
+
+    for spider in (OldStartSpider, RedisSpider):
+        with pytest.raises(ValueError, match=r"defines start_requests\(\), which Scrapy 2\.19 "
+                                             r"no longer calls .*'async def start\(self\)'"):
+            refuse_ignored_start_requests(spider)
+    for spider in (BothStartsSpider, GenericSpider, ShopCrawlSpider, SitemapSpider):
+        refuse_ignored_start_requests(spider)
+
+
+def test_crawl_refuses_a_spider_written_for_start_requests(redis_url, mongo_uri, tmp_path):
+    env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri,
+                         MONGO_DATABASE=f"wf_{uuid.uuid4().hex[:8]}",
+                         BLOB_STORE_URI=(tmp_path / "b").as_uri())
+    result = runner.scrapy(["crawl", "test_old_start", "-s",
+                            "SPIDER_MODULES=spiders,tests.spiders"], env, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.output, result.output[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("webfarm:")]
+    assert errors == ["webfarm: test_old_start: it defines start_requests(), which Scrapy 2.19 "
+                      "no longer calls (it calls start()); rename it 'async def start(self)' "
+                      "and keep its body, its yields included"], result.stderr[-2000:]

@@ -52,12 +52,27 @@ class Command(ScrapyCrawlCommand):
         except KeyError:
             print(f"webfarm: no spider named {name!r}; `scrapy list` shows them", file=sys.stderr)
             return None
-        check = getattr(spidercls, "check_arguments", None)
-        if check is None:
-            return spidercls
         try:
-            check(**opts.spargs)
+            refuse_ignored_start_requests(spidercls)
+            check = getattr(spidercls, "check_arguments", None)
+            if check is not None:
+                check(**opts.spargs)
         except ValueError as exc:
             print(f"webfarm: {name}: {exc}", file=sys.stderr)
             return None
         return spidercls
+
+
+def refuse_ignored_start_requests(spidercls: type) -> None:
+    """ValueError when the spider's ``start_requests()`` would never run: Scrapy 2.19 calls
+    ``start()`` only, so a spider written for older Scrapy (or on scrapy-redis's spiders)
+    crawled nothing, or only its ``start_urls``, without a word."""
+    mro = spidercls.__mro__
+
+    def owner(attr: str) -> int:
+        return next((i for i, cls in enumerate(mro) if attr in vars(cls)), len(mro))
+
+    if owner("start_requests") < owner("start"):
+        raise ValueError(
+            "it defines start_requests(), which Scrapy 2.19 no longer calls (it calls start()); "
+            "rename it 'async def start(self)' and keep its body, its yields included")
