@@ -118,10 +118,12 @@ def test_a_spider_whose_start_requests_scrapy_no_longer_calls_is_refused():
     from tests.spiders.scrapy_spiders import ShopCrawlSpider
     from webfarm.commands.crawl import refuse_ignored_start_requests
 
-    for spider in (OldStartSpider, RedisSpider):
-        with pytest.raises(ValueError, match=r"defines start_requests\(\), which Scrapy 2\.19 "
-                                             r"no longer calls .*'async def start\(self\)'"):
-            refuse_ignored_start_requests(spider)
+    with pytest.raises(ValueError, match=r"defines start_requests\(\), which Scrapy 2\.19 "
+                                         r"no longer calls .*'async def start\(self\)'"):
+        refuse_ignored_start_requests(OldStartSpider)
+    with pytest.raises(ValueError, match=r"scrapy-redis spider, whose start URLs come from a "
+                                         r"Redis list .*'scrapy seed SPIDER URL\.\.\.'"):
+        refuse_ignored_start_requests(type("Migrated", (RedisSpider,), {"name": "migrated"}))
     for spider in (BothStartsSpider, GenericSpider, ShopCrawlSpider, SitemapSpider):
         refuse_ignored_start_requests(spider)
 

@@ -73,6 +73,12 @@ def refuse_ignored_start_requests(spidercls: type) -> None:
         return next((i for i, cls in enumerate(mro) if attr in vars(cls)), len(mro))
 
     if owner("start_requests") < owner("start"):
+        if mro[owner("start_requests")].__module__.startswith("scrapy_redis"):
+            raise ValueError(
+                "it is a scrapy-redis spider, whose start URLs come from a Redis list webfarm "
+                "does not read (and whose start_requests() Scrapy 2.19 no longer calls); base "
+                "it on spiders.base.WebfarmSpider or scrapy.Spider and give it URLs with "
+                "'scrapy seed SPIDER URL...'")
         raise ValueError(
             "it defines start_requests(), which Scrapy 2.19 no longer calls (it calls start()); "
             "rename it 'async def start(self)' and keep its body, its yields included")
