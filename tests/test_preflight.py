@@ -172,10 +172,14 @@ def test_a_redis_user_the_acl_limits_is_told_what_to_grant(acl_redis, user, why)
 def test_a_crawl_or_a_seed_as_a_read_only_redis_user_stops_in_one_line(acl_redis, good, web):
     env = runner.env_for(**{**good, "REDIS_URL": f"redis://reader:pw@{acl_redis}"})
     for command in (["crawl", "generic", "-a", f"start={web.base_urls[0]}/"],
-                    ["seed", "generic", f"{web.base_urls[0]}/"]):
+                    ["seed", "generic", f"{web.base_urls[0]}/"],
+                    ["dlq", "generic", "--requeue"]):
         result = runner.scrapy(command, env, timeout=60)
         assert result.returncode == 1 and "Traceback" not in result.output, result.output[-2000:]
         errors = [line for line in result.stderr.splitlines() if line.startswith("webfarm:")]
         assert len(errors) == 1, result.stderr[-2000:]
         assert "user 'reader'" in errors[0] and "ACL SETUSER reader" in errors[0], errors[0]
     assert web.hits == []
+    # Reading is enough to list the dead letters.
+    listing = runner.scrapy(["dlq", "generic"], env, timeout=60)
+    assert listing.returncode == 0 and "0 dead letters" in listing.stdout, listing.output[-2000:]

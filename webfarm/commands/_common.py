@@ -60,13 +60,15 @@ def service_variable(settings: BaseSettings, name: str) -> str:
     return name if settings.get(name) else f"{name} (unset: embedded)"
 
 
-def open_spider_frontier(settings: BaseSettings, name: str) -> Frontier:
+def open_spider_frontier(settings: BaseSettings, name: str, writes: bool = True) -> Frontier:
     """The spider's frontier on ``REDIS_URL`` (or the embedded Valkey, started or joined),
-    with the same keys, delays and dupefilter mode as the workers; checked reachable, and
-    that its user may run the frontier's scripts on the spider's keys."""
+    with the same keys, delays and dupefilter mode as the workers; checked reachable, and,
+    for a command that ``writes``, that its user may run the frontier's scripts on the
+    spider's keys (a read-only user may still list dead letters)."""
     try:
         url = config.redis_url(settings)
-        config.check_redis(url, service_variable(settings, "REDIS_URL"), spider=name)
+        config.check_redis(url, service_variable(settings, "REDIS_URL"),
+                           spider=name if writes else None)
     except config.ConfigError as exc:
         raise CommandError(str(exc), BAD_CONFIG) from None
     try:

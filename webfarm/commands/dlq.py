@@ -223,7 +223,8 @@ class Command(ScrapyCommand):
                 raise CommandError(f"--limit {opts.limit}: give 0 (all) or more")
             assert self.settings is not None
             settings = spider_settings(self.settings, spider_class(self.settings, args[0]))
-            frontier = open_spider_frontier(settings, args[0])
+            frontier = open_spider_frontier(settings, args[0],
+                                            writes=opts.action in ("requeue", "purge"))
             letters = DeadLetters(frontier)
             try:
                 if opts.action == "requeue":
