@@ -183,15 +183,21 @@ def _check_scripts(client: Any, probe: str, url: str, variable: str) -> None:
         ) from None
 
 
+def redis_address(client: Any) -> str:
+    """``redis://host:port/db`` (or ``unix://path``) of a redis-py client, for messages:
+    no credentials."""
+    kw = client.get_connection_kwargs()
+    if kw.get("path"):
+        return f"unix://{kw['path']}"
+    return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+
+
 def _redis_refused(exc: Exception, client: Any, variable: str = "REDIS_URL") -> str:
     """What to do when Redis's ACL refuses ``client``'s user a command or a key (NOPERM)."""
-    kw = client.get_connection_kwargs()
-    user = kw.get("username") or "default"
-    where = (f"unix://{kw['path']}" if kw.get("path") else
-             f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}")
-    return (f"{variable}: user {user!r} at {where} may not do what webfarm needs ({exc}): "
-            "run Lua scripts (EVALSHA, SCRIPT LOAD) that read and write the keys webfarm:*; "
-            f"grant that, e.g. ACL SETUSER {user} ~webfarm:* +@all -@dangerous")
+    user = client.get_connection_kwargs().get("username") or "default"
+    return (f"{variable}: user {user!r} at {redis_address(client)} may not do what webfarm "
+            f"needs ({exc}): run Lua scripts (EVALSHA, SCRIPT LOAD) that read and write the "
+            f"keys webfarm:*; grant that, e.g. ACL SETUSER {user} ~webfarm:* +@all -@dangerous")
 
 
 def check_mongo(uri: str, variable: str = "MONGO_URI", timeout: float = 5.0,

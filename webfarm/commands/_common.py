@@ -79,10 +79,7 @@ def open_spider_frontier(settings: BaseSettings, name: str, writes: bool = True)
 
 def where(frontier: Frontier) -> str:
     """``redis://host:port/db``, for the header line (no password)."""
-    kw = frontier.server.connection_pool.connection_kwargs
-    if kw.get("path"):
-        return f"unix://{kw['path']}"
-    return f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
+    return config.redis_address(frontier.server)
 
 
 @dataclass(frozen=True)
