@@ -17,6 +17,7 @@ from webfarm.batching import (
     Batcher,
     batch_options,
     engine_idle,
+    recheck_on_responses,
 )
 from webfarm.index import IndexStore, PageRecord, RefetchPolicy, load_refetch_policy
 from webfarm.items import PageItem
@@ -61,8 +62,10 @@ class IndexPipeline:
             neardup_distance=distance if settings.getbool("WEBFARM_NEARDUP", True) else -1,
         )
         assert crawler.stats is not None
-        return cls(store, crawler.stats, storage_calls(crawler), **batch_options(settings),
-                   idle=engine_idle(crawler))
+        pipeline = cls(store, crawler.stats, storage_calls(crawler),
+                       **batch_options(settings), idle=engine_idle(crawler))
+        recheck_on_responses(crawler, pipeline.batcher)
+        return pipeline
 
     async def open_spider(self) -> None:
         await self.threads.run(self.store.ensure_indexes)

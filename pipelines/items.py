@@ -29,6 +29,7 @@ from webfarm.batching import (
     Batcher,
     batch_options,
     engine_idle,
+    recheck_on_responses,
 )
 from webfarm.items import PageItem, source_of
 from webfarm.itemstore import ItemEntry, ItemError, ItemStore, index_fields, make_entry
@@ -57,6 +58,7 @@ class ItemStorePipeline:
             what="item write", stats=stats, stat_prefix="webfarm/items", writers=writers,
             idle=engine_idle(crawler),
         )
+        recheck_on_responses(crawler, self.batcher)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ItemStorePipeline:

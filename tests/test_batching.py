@@ -7,10 +7,12 @@ import asyncio
 import datetime as dt
 
 import pymongo
+from scrapy import signals
+from scrapy.http import HtmlResponse, Request
 from scrapy.utils.test import get_crawler
 
 from pipelines.items import ItemStorePipeline
-from webfarm.batching import Batcher
+from webfarm.batching import Batcher, recheck_on_responses
 from webfarm.index import IndexStore
 from webfarm.itemstore import ItemStore, make_entry
 from webfarm.threads import StorageThreads
@@ -44,6 +46,44 @@ def test_a_batch_does_not_wait_for_entries_that_cannot_come():
     assert waited
     assert done == ["a", "b", "c"]
     assert written == [["a", "b", "c"]]
+    assert crawler.stats.get_value("t/idle_batches") == 1
+
+
+def test_a_batch_goes_when_the_last_response_in_flight_comes_back_without_entries():
+    """Entries wait their quiet period while a request is in flight. When that request's
+    response comes in (Scrapy's ``response_received``) nothing is in flight any more: the
+    batch goes then, even though that response brings no entry of its own (an error page,
+    a robots.txt), instead of after the quiet period."""
+    written: list[list[str]] = []
+    crawler = get_crawler()
+
+    async def write(entries: list[str], retried: bool) -> list[str]:
+        written.append(list(entries))
+        return entries
+
+    crawling = {"idle": False}
+
+    async def scenario() -> tuple[bool, float]:
+        batcher = Batcher(write, size=100, seconds=30, quiet=10, retry_seconds=1,
+                          what="test", stats=crawler.stats, stat_prefix="t",
+                          idle=lambda: crawling["idle"])
+        recheck_on_responses(crawler, batcher)
+        entry = asyncio.ensure_future(batcher.submit("a"))
+        await asyncio.sleep(0.3)
+        waited = not entry.done()
+        crawling["idle"] = True  # the last request left the downloader
+        request = Request("http://127.0.0.2/robots.txt")
+        started = asyncio.get_running_loop().time()
+        crawler.signals.send_catch_log(
+            signals.response_received, request=request, spider=None,
+            response=HtmlResponse(request.url, status=404, request=request))
+        await asyncio.wait_for(entry, 5)
+        return waited, asyncio.get_running_loop().time() - started
+
+    waited, took = asyncio.run(scenario())
+    assert waited
+    assert took < 1  # not the quiet period of 10 s
+    assert written == [["a"]]
     assert crawler.stats.get_value("t/idle_batches") == 1
 
 
