@@ -36,13 +36,30 @@ def _split(value: str | Iterable[str] | None) -> list[str]:
     return [v.strip() for v in value if v and v.strip()]
 
 
+def _scrapy_names(spargs: dict[str, Any], start: Any, domains: Any) -> tuple[Any, Any]:
+    """``-a start_urls=URL,...`` and ``-a allowed_domains=HOST,...`` (taken out of
+    ``spargs``) as ``start`` and ``domains``. Why: Scrapy users write the attributes'
+    names, and Scrapy would set them as strings: ``start_urls`` was then read one
+    character at a time ("Missing scheme in request url: h") and ``allowed_domains``
+    was replaced by the start URLs' hosts without a word. A list given from code
+    (``CrawlerProcess.crawl(Spider, start_urls=[...])``) is joined the same way."""
+    names = {"start_urls": start, "allowed_domains": domains}
+    for name, given in list(names.items()):
+        value = spargs.pop(name, None)
+        if value is None:
+            continue
+        parts = _split(value)
+        names[name] = ",".join(_split(given) + parts) if given else ",".join(parts)
+    return names["start_urls"], names["allowed_domains"]
+
+
 class WebfarmSpider(scrapy.Spider):
     """Crawl ``start_urls``, store every page, follow links inside ``hosts``.
 
-    Spider arguments (``-a name=value``): ``start`` (comma-separated URLs),
-    ``domains`` (comma-separated hosts, ``host`` or ``host:port``; default: the
-    start URLs' hosts) and ``max_pages`` (stop following links after this
-    worker stored that many pages; 0 = no limit).
+    Spider arguments (``-a name=value``): ``start`` (comma-separated URLs; or
+    ``start_urls``), ``domains`` (comma-separated hosts, ``host`` or ``host:port``;
+    or ``allowed_domains``; default: the start URLs' hosts) and ``max_pages`` (stop
+    following links after this worker stored that many pages; 0 = no limit).
     """
 
     name = ""
@@ -58,6 +75,7 @@ class WebfarmSpider(scrapy.Spider):
         self, start: str | None = None, domains: str | None = None,
         max_pages: str | int | None = None, **kwargs: Any,
     ) -> None:
+        start, domains = _scrapy_names(kwargs, start, domains)
         super().__init__(**kwargs)
         args = self.check_arguments(start=start, domains=domains, max_pages=max_pages)
         self.start_urls = args["start"] or list(self.start_urls)
@@ -78,6 +96,9 @@ class WebfarmSpider(scrapy.Spider):
     def check_arguments(cls, **spargs: Any) -> dict[str, Any]:
         """Validate ``-a`` arguments; ``scrapy crawl`` calls this before starting
         anything, so a typo costs one line, not a traceback. Raises ValueError."""
+        spargs = dict(spargs)
+        spargs["start"], spargs["domains"] = _scrapy_names(
+            spargs, spargs.get("start"), spargs.get("domains"))
         start = _split(spargs.get("start"))
         for url in start:
             parts = urlsplit(url)

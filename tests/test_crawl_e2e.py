@@ -96,6 +96,7 @@ def test_crawl_writes_blobs_to_s3(web, redis_url, mongo_uri, mongo_db_name, s3_s
     ([], "generic needs -a start=URL"),
     (["-a", "start=ftp://example.com/"], "not an http(s) URL"),
     (["-a", "start=http://127.0.0.2:1/", "-a", "max_pages=ten"], "not a whole number"),
+    (["-a", "start_urls=ftp://example.com/"], "not an http(s) URL"),
 ])
 def test_bad_spider_arguments(redis_url, mongo_uri, tmp_path, spider_args, message):
     env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri,
@@ -106,6 +107,36 @@ def test_bad_spider_arguments(redis_url, mongo_uri, tmp_path, spider_args, messa
     assert "Traceback" not in result.output
     errors = [line for line in result.stderr.splitlines() if line.startswith("webfarm: generic:")]
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+
+
+def test_scrapy_argument_names_start_urls_and_allowed_domains_work_as_start_and_domains():
+    """Scrapy users write ``-a start_urls=URL``: Scrapy sets it as a string, which was read
+    one character at a time ("Missing scheme in request url: h"); ``-a allowed_domains``
+    was replaced by the start URLs' hosts."""
+    from spiders.generic import GenericSpider
+
+    spider = GenericSpider(start_urls="http://a.test/,http://b.test:8080/x",
+                           allowed_domains="a.test, b.test:8080")
+    assert spider.start_urls == ["http://a.test/", "http://b.test:8080/x"]
+    assert spider.hosts == ["a.test", "b.test:8080"]
+    assert spider.allowed_domains == ["a.test", "b.test"]
+    both = GenericSpider(start="http://a.test/", start_urls=["http://c.test/"])  # from code
+    assert both.start_urls == ["http://a.test/", "http://c.test/"]
+    with pytest.raises(ValueError, match="'h' is not an http"):
+        GenericSpider.check_arguments(start_urls="h")
+
+
+def test_crawl_with_scrapys_argument_names(web, redis_url, mongo_uri, mongo_db_name, tmp_path):
+    base, other = web.base_urls
+    host = base.split("//")[1]
+    env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri, MONGO_DATABASE=mongo_db_name,
+                         BLOB_STORE_URI=(tmp_path / "b").as_uri())
+    result = runner.scrapy(["crawl", "generic", "-a", f"start_urls={base}/about",
+                            "-a", f"allowed_domains={host}", "-a", "max_pages=1"], env, 120)
+    assert result.returncode == 0 and "ERROR" not in result.output, result.output[-3000:]
+    db = pymongo.MongoClient(mongo_uri)[mongo_db_name]
+    assert f"{base}/about" in stored_urls(db)
+    assert web.hits_for(host=other.split("//")[1]) == []
 
 
 def test_a_spider_whose_start_requests_scrapy_no_longer_calls_is_refused():
