@@ -56,6 +56,57 @@ def test_bad_blob_compression_fails_before_any_request(good, web):
     assert web.hits == []
 
 
+@pytest.mark.parametrize("setting, message", [
+    ("WEBFARM_HOST_DELAY=abc", "WEBFARM_HOST_DELAY='abc' is not a number (the project's "
+                               "settings give: 0.0)"),  # the tests' WEBFARM_HOST_DELAY=0
+    ("WEBFARM_INDEX_BATCH_SIZE=1.5", "'1.5' is not a whole number (the project's "
+                                     "settings give: 200)"),
+    ("WEBFARM_NEARDUP=yes", "'yes' is not a boolean (True/False or 1/0) (the project's "
+                            "settings give: True)"),
+    ("CLOSESPIDER_PAGECOUNT=ten", "CLOSESPIDER_PAGECOUNT='ten' is not a number (Scrapy's "
+                                  "default: 0)"),
+])
+def test_a_setting_of_the_wrong_type_fails_before_any_request(good, web, setting, message):
+    """Before: a traceback once the component read it ("Task exception was never
+    retrieved"), or "Engine slot not assigned" for WEBFARM_IDLE_TIMEOUT=soon."""
+    env = runner.env_for(**good)
+    result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/",
+                            "-s", setting], env, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.output, result.output[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("webfarm:")]
+    assert len(errors) == 1 and message in errors[0] and "custom_settings" in errors[0], \
+        result.stderr[-2000:]
+    assert web.hits == []
+
+
+@pytest.mark.parametrize("command", [["seed", "generic", "http://127.0.0.2:1/"],
+                                     ["reparse", "generic", "-a", "start=http://127.0.0.2:1/"]])
+def test_the_other_commands_check_setting_types_too(good, command):
+    result = runner.scrapy([*command, "-s", "WEBFARM_RETRY_TIMES=often"], runner.env_for(**good),
+                           timeout=60)
+    assert result.returncode != 0 and "Traceback" not in result.output, result.output[-2000:]
+    assert "webfarm: WEBFARM_RETRY_TIMES='often' is not a whole number" in result.stderr
+
+
+def test_settings_of_the_right_type_pass_the_check():
+    """Numbers as strings (as -s gives them), floats where Scrapy reads floats, Scrapy's
+    boolean spellings, and the project's own values all read."""
+    from scrapy.settings import Settings
+
+    from webfarm.settingtypes import check_types
+
+    settings = Settings()
+    settings.setmodule("settings", priority="project")
+    check_types(settings)
+    settings.setdict({"WEBFARM_HOST_DELAY": "2.5", "DOWNLOAD_TIMEOUT": "7.5",
+                      "WEBFARM_INDEX_BATCH_SIZE": "50", "ROBOTSTXT_OBEY": "false",
+                      "WEBFARM_NEARDUP": "0", "CLOSESPIDER_ITEMCOUNT": 10}, priority="cmdline")
+    check_types(settings)
+    settings.set("DOWNLOAD_DELAY", [1], priority="spider")  # custom_settings: any object
+    with pytest.raises(ValueError, match=r"DOWNLOAD_DELAY=\[1\] is not a number"):
+        check_types(settings)
+
+
 @pytest.fixture(scope="module")
 def secured_mongo(tmp_path_factory):
     """A SecantusDB that requires SCRAM users: 'crawler' may write to database 'crawl',

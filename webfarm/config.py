@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 from scrapy.settings import BaseSettings
 
+from webfarm.settingtypes import check_types
+
 if TYPE_CHECKING:
     from webfarm.blobstore import Compression
 
@@ -278,11 +280,21 @@ def blob_compression(settings: BaseSettings) -> Compression:
         raise ConfigError(str(exc)) from None
 
 
+def check_settings(settings: BaseSettings) -> None:
+    """:class:`ConfigError` naming a setting whose value is of the wrong type (see
+    :mod:`webfarm.settingtypes`): every command checks this before it connects."""
+    try:
+        check_types(settings)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def preflight(settings: BaseSettings, spider: str | None = None) -> Locations:
     """Resolve and check every location, one at a time, so a bad ``REDIS_URL`` is
     reported before an embedded MongoDB is started for nothing (with ``spider``, also that
     Redis lets the user at that spider's keys). Raises :class:`ConfigError` on the first
-    bad one."""
+    bad one. Settings of the wrong type (``-s WEBFARM_HOST_DELAY=abc``) are refused first."""
+    check_settings(settings)
     redis = redis_url(settings)
     check_redis(redis, _where(settings, "REDIS_URL"), spider=spider)
     mongo = mongo_uri(settings)

@@ -66,6 +66,7 @@ def open_spider_frontier(settings: BaseSettings, name: str, writes: bool = True)
     for a command that ``writes``, that its user may run the frontier's scripts on the
     spider's keys (a read-only user may still list dead letters)."""
     try:
+        config.check_settings(settings)
         url = config.redis_url(settings)
         config.check_redis(url, service_variable(settings, "REDIS_URL"),
                            spider=name if writes else None)

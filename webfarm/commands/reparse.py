@@ -123,6 +123,7 @@ class Command(ScrapyCommand):
         crawler.stats = load_object(settings["STATS_CLASS"])(crawler)
         pipelines = ProjectPipelines.from_crawler(crawler, spider)
         try:
+            config.check_settings(settings)
             mongo = config.mongo_uri(settings)
             config.check_mongo(mongo, database=None if opts.dry_run else
                                settings.get("MONGO_DATABASE") or "webfarm")

@@ -1,0 +1,79 @@
+"""Setting values of the wrong type, refused in one line before a crawl starts.
+
+``-s NAME=VALUE``, scrapyd's ``setting=NAME=VALUE`` and a spider's ``custom_settings``
+give strings or any Python value, and Scrapy converts them where a component reads
+them: ``-s WEBFARM_HOST_DELAY=abc`` ended the crawl with "Task exception was never
+retrieved" and a ``ValueError`` traceback, and ``-s WEBFARM_IDLE_TIMEOUT=soon`` with
+"Engine slot not assigned". :func:`check_types` reads every setting that has a number
+or a boolean as its default (in this project's settings module, or in Scrapy's) the way
+the code reads it, and names the first that does not read, with its default.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+from scrapy.settings import BaseSettings, default_settings
+from scrapy.utils.project import ENVVAR
+
+#: What a setting must read as, by the type of its default.
+BOOLEAN, WHOLE, NUMBER = "a boolean (True/False or 1/0)", "a whole number", "a number"
+
+
+def check_types(settings: BaseSettings) -> None:
+    """ValueError naming the first setting whose value does not read as its default's
+    type: a boolean, a whole number (webfarm's own counts, read with ``getint``) or a
+    number (seconds, rates; Scrapy reads its own numbers as floats in places)."""
+    for name, default, kind, source in _typed_defaults():
+        if name not in settings:
+            continue
+        value = settings[name]
+        if not _reads_as(settings, name, kind):
+            raise ValueError(
+                f"{name}={value!r} is not {kind} ({source}: {default!r}); fix the -s "
+                f"{name}=..., scrapyd's setting={name}=... or the spider's custom_settings "
+                "that set it")
+
+
+def _reads_as(settings: BaseSettings, name: str, kind: str) -> bool:
+    read = {BOOLEAN: settings.getbool, WHOLE: settings.getint, NUMBER: settings.getfloat}[kind]
+    try:
+        read(name)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _typed_defaults() -> Iterator[tuple[str, Any, str, str]]:
+    """``(name, default, kind, where the default is from)`` for the project's settings,
+    then Scrapy's own."""
+    seen: set[str] = set()
+    for module, source in ((_project_module(), "the project's settings give"),
+                           (default_settings, "Scrapy's default")):
+        if module is None:
+            continue
+        for name, default in vars(module).items():
+            if not name.isupper() or name in seen:
+                continue
+            seen.add(name)
+            if isinstance(default, bool):
+                yield name, default, BOOLEAN, source
+            elif isinstance(default, int) and module is not default_settings \
+                    and name.startswith("WEBFARM_"):
+                yield name, default, WHOLE, source
+            elif isinstance(default, (int, float)):
+                yield name, default, NUMBER, source
+
+
+def _project_module() -> ModuleType | None:
+    path = os.environ.get(ENVVAR)
+    if not path:
+        return None
+    try:
+        return importlib.import_module(path)
+    except ImportError:  # Scrapy already loaded it, or will say why it cannot
+        return None
