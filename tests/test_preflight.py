@@ -234,3 +234,8 @@ def test_a_crawl_or_a_seed_as_a_read_only_redis_user_stops_in_one_line(acl_redis
     # Reading is enough to list the dead letters.
     listing = runner.scrapy(["dlq", "generic"], env, timeout=60)
     assert listing.returncode == 0 and "0 dead letters" in listing.stdout, listing.output[-2000:]
+    # ... and to preview a recrawl (it reads the index only), but not to run one.
+    preview = runner.scrapy(["recrawl", "generic", "--dry-run"], env, timeout=60)
+    assert preview.returncode == 0 and "Traceback" not in preview.output, preview.output[-2000:]
+    run = runner.scrapy(["recrawl", "generic"], env, timeout=60)
+    assert run.returncode == 1 and "ACL SETUSER reader" in run.stderr, run.output[-2000:]

@@ -78,7 +78,8 @@ class Command(ScrapyCommand):
         now = parse_now(opts.now)
         crawler = Crawler(spider_class(self.settings, name), self.settings)
         settings = crawler.settings  # the spider's own settings apply
-        frontier = open_spider_frontier(settings, name)
+        # A preview only reads the index: a read-only Redis user may run it.
+        frontier = open_spider_frontier(settings, name, writes=not opts.dry_run)
         try:
             mongo_uri = config.mongo_uri(settings)
             config.check_mongo(mongo_uri, service_variable(settings, "MONGO_URI"),
