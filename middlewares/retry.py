@@ -16,6 +16,8 @@ missing or garbage value means the usual backoff.
 
 Uses Scrapy's own ``RETRY_ENABLED``, ``RETRY_HTTP_CODES``, ``RETRY_EXCEPTIONS``
 and the ``dont_retry`` meta key; ``WEBFARM_RETRY_AFTER`` switches the deferral.
+Scrapy's ``RETRY_TIMES`` and ``max_retry_times`` meta key are counted by the
+scheduler, which decides when to give up (:func:`webfarm.queue.allowed_attempts`).
 """
 
 from __future__ import annotations

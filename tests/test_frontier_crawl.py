@@ -179,6 +179,49 @@ def test_retries_back_off_then_dead_letter(shop, stores, tmp_path):
     assert canonical_url(json.loads(letter["payload"])["url"]) == f"{base}/product/WF01-0003"
 
 
+def test_scrapys_retry_times_and_max_retry_times_meta_limit_the_tries(shop, stores):
+    """A Scrapy project's RETRY_TIMES (retries after the first try) and a request's
+    ``max_retry_times`` meta key limit the tries as in Scrapy; before, both were ignored
+    and every failing request was tried WEBFARM_RETRY_TIMES (5) times."""
+    base = shop.base_urls[0]
+    for path in ("/once", "/twice", "/default"):
+        shop.route(path, Response(500, {"Content-Type": "text/plain"}, b"broken"))
+    env = runner.env_for(**stores, WEBFARM_IDLE_TIMEOUT="2")
+    result = runner.scrapy(["crawl", "test_retry_limits", "-a", f"start={base}/",
+                            "-s", "SPIDER_MODULES=spiders,tests.spiders",
+                            "-s", "RETRY_TIMES=2", "-s", "WEBFARM_RETRY_BACKOFF_BASE=0.1"],
+                           env, timeout=120)
+    assert result.returncode == 0, result.output[-2000:]
+    tries = {path: len(shop.hits_for(host=base, path=path))
+             for path in ("/once", "/twice", "/default")}
+    assert tries == {"/once": 1, "/twice": 2, "/default": 3}
+    reasons = sorted(letter["reason"] for letter in frontier_of(
+        stores["REDIS_URL"], "test_retry_limits").dead_letters())
+    assert [r.split(":")[0] for r in reasons] == [
+        "gave up after 1 attempts", "gave up after 2 attempts", "gave up after 3 attempts"]
+
+
+def test_which_retry_limit_applies():
+    """WEBFARM_RETRY_TIMES counts tries; Scrapy's RETRY_TIMES counts retries, and wins when
+    set at least as high (a spider's custom_settings, -s), not as Scrapy's default."""
+    from scrapy import Request
+    from scrapy.settings import Settings
+
+    from webfarm.queue import allowed_attempts, request_attempts
+
+    settings = Settings()
+    settings.setmodule("settings", priority="project")
+    assert allowed_attempts(settings) == 5  # Scrapy's default RETRY_TIMES=2 does not count
+    settings.set("RETRY_TIMES", 9, priority="spider")
+    assert allowed_attempts(settings) == 10
+    settings.set("WEBFARM_RETRY_TIMES", 3, priority="cmdline")
+    assert allowed_attempts(settings) == 3
+    assert request_attempts(Request("http://a.test/", meta={"max_retry_times": 0}), 5) == 1
+    assert request_attempts(Request("http://a.test/", meta={"max_retry_times": "2"}), 5) == 3
+    for odd in (None, "many", True, 1.5):
+        assert request_attempts(Request("http://a.test/", meta={"max_retry_times": odd}), 5) == 5
+
+
 def test_a_crawl_run_again_says_why_it_fetched_nothing_and_what_to_do(shop, stores):
     """The frontier keeps every URL it saw, so running the same crawl again fetches
     nothing; the worker says so, with the commands that fetch again (the failed start

@@ -13,7 +13,7 @@ from weakref import WeakKeyDictionary
 import redis
 from scrapy import Request, Spider
 from scrapy.http.request import _find_method
-from scrapy.settings import BaseSettings
+from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings
 from scrapy.utils.misc import load_object
 from scrapy.utils.request import request_from_dict
 
@@ -45,6 +45,30 @@ def host_delay(settings: BaseSettings) -> float:
     worker; honoured only there, ten workers would hit a site ten times as often as the
     spider's author asked."""
     return max(settings.getfloat("WEBFARM_HOST_DELAY", 1.0), settings.getfloat("DOWNLOAD_DELAY"))
+
+
+def allowed_attempts(settings: BaseSettings) -> int:
+    """Tries a request gets before the dead-letter queue: ``WEBFARM_RETRY_TIMES``, or one
+    more than Scrapy's ``RETRY_TIMES`` (retries after the first try) when a spider's
+    ``custom_settings``, ``-s`` or the project set that one, at a priority no lower than
+    ``WEBFARM_RETRY_TIMES``'s. Why: a Scrapy project's ``RETRY_TIMES`` was ignored."""
+    scrapys = settings.getpriority("RETRY_TIMES") or 0
+    if scrapys > SETTINGS_PRIORITIES["default"] and \
+            scrapys >= (settings.getpriority("WEBFARM_RETRY_TIMES") or 0):
+        return max(1, settings.getint("RETRY_TIMES") + 1)
+    return max(1, settings.getint("WEBFARM_RETRY_TIMES", 5))
+
+
+def request_attempts(request: Request, default: int) -> int:
+    """Tries for this request: one more than its ``max_retry_times`` meta key (Scrapy's
+    per-request retry limit) if it has a whole number there, else ``default``."""
+    limit = request.meta.get("max_retry_times")
+    if isinstance(limit, bool) or not isinstance(limit, (int, str)):
+        return default
+    try:
+        return max(1, int(limit) + 1)
+    except ValueError:
+        return default
 
 
 def open_frontier(

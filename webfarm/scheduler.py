@@ -63,7 +63,13 @@ from webfarm.dupefilter import RecentFingerprints
 from webfarm.exceptions import DeadLetter, ItemError, RetryLater
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped, backoff
 from webfarm.frontierlink import FrontierLink
-from webfarm.queue import decode_request, open_frontier, request_entry
+from webfarm.queue import (
+    allowed_attempts,
+    decode_request,
+    open_frontier,
+    request_attempts,
+    request_entry,
+)
 from webfarm.redisconn import REDIS_ERRORS, async_redis_client, redis_client
 from webfarm.serialize import SerializationError
 
@@ -87,7 +93,7 @@ class Scheduler(BaseScheduler):
         self.server = server
         self.stats: StatsCollector | None = crawler.stats
         self.idle_timeout = settings.getfloat("WEBFARM_IDLE_TIMEOUT", 10.0)
-        self.retry_times = settings.getint("WEBFARM_RETRY_TIMES", 5)
+        self.retry_times = allowed_attempts(settings)
         self.backoff_base = settings.getfloat("WEBFARM_RETRY_BACKOFF_BASE", 2.0)
         self.backoff_max = settings.getfloat("WEBFARM_RETRY_BACKOFF_MAX", 600.0)
         self.flush_interval = settings.getfloat("WEBFARM_FLUSH_INTERVAL", 0.5)
@@ -335,7 +341,7 @@ class Scheduler(BaseScheduler):
     def _retry(self, lease: str, request: Request, reason: str, delay: float | None,
                status: int | None, error: str | None) -> None:
         attempts = int(request.meta.get(ATTEMPTS, 0)) + 1
-        if attempts >= self.retry_times:
+        if attempts >= request_attempts(request, self.retry_times):
             self._dead(lease, request, f"gave up after {attempts} attempts: {reason}", status,
                        error)
             return
