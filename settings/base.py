@@ -142,6 +142,9 @@ EXTENSIONS_BASE = {
     "scrapy.extensions.feedexport.FeedExporter": None,
     "webfarm.feeds.FeedExporter": 0,
     "webfarm.throttle.HostThrottle": 500,
+    # AUTOTHROTTLE_ENABLED: the shared rule above does it (Scrapy's with it switched off)
+    "scrapy.extensions.throttle.AutoThrottle": None,
+    "webfarm.throttle.WorkerAutoThrottle": 0,
     "webfarm.recrawl.RecrawlExtension": 520,  # continuous recrawl (WEBFARM_RECRAWL_INTERVAL)
     "webfarm.monitor.extension.MonitorExtension": 510,
     "webfarm.gctune.GcTuning": 530,  # fewer, cheaper garbage collections (WEBFARM_GC_*)

@@ -7,6 +7,12 @@ new = mean of old and target; never below the base delay or above the maximum;
 errors never lower it; browser and fetch-API responses are skipped, since their
 time is mostly rendering, not the server) and the result is sent as a ``host_delay`` signal, which
 the frontier scheduler stores in Redis where it gates every worker.
+
+Scrapy's own ``AUTOTHROTTLE_ENABLED``, common in Scrapy projects, asks for this
+rule: :class:`WorkerAutoThrottle` (in Scrapy's place) then leaves it to the shared
+one, and says so, instead of adding a per-worker copy that starts each host at
+``AUTOTHROTTLE_START_DELAY`` (5 s) on every worker (measured: a 1.8 s crawl of 70
+pages took 12 s).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import logging
 from scrapy import Request, Spider, signals
 from scrapy.crawler import Crawler
 from scrapy.exceptions import NotConfigured
+from scrapy.extensions.throttle import AutoThrottle
 from scrapy.http import Response
 
 from webfarm import signals as wf_signals
@@ -65,3 +72,20 @@ class HostThrottle:
         if self.crawler.stats is not None:
             self.crawler.stats.set_value("webfarm/throttle/max_delay",
                                          max(self.delays.values()))
+
+
+class WorkerAutoThrottle(AutoThrottle):
+    """Scrapy's AutoThrottle, for ``AUTOTHROTTLE_ENABLED`` with ``WEBFARM_AUTOTHROTTLE``
+    off only: with it on, :class:`HostThrottle` applies the same rule to each host for
+    every worker at once (``AUTOTHROTTLE_TARGET_CONCURRENCY``, ``AUTOTHROTTLE_MAX_DELAY``)."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        settings = crawler.settings
+        if settings.getbool("AUTOTHROTTLE_ENABLED") and \
+                settings.getbool("WEBFARM_AUTOTHROTTLE", True):
+            logger.info("AUTOTHROTTLE_ENABLED: webfarm's per-host latency rule "
+                        "(WEBFARM_AUTOTHROTTLE) already adapts each host's delay, for every "
+                        "worker at once; Scrapy's per-worker AutoThrottle stays off "
+                        "(WEBFARM_AUTOTHROTTLE=False uses it instead)")
+            raise NotConfigured
+        super().__init__(crawler)
