@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from urllib.parse import urlsplit
 
 import pymongo
 import pytest
@@ -44,17 +45,21 @@ def page_hits(web, base):
     return [h for h in web.hits_for(host=base) if h.path != "/robots.txt"]
 
 
-@pytest.mark.parametrize("setting", ["WEBFARM_HOST_DELAY", "DOWNLOAD_DELAY"])
+@pytest.mark.parametrize("setting", ["WEBFARM_HOST_DELAY", "DOWNLOAD_DELAY", "DOWNLOAD_SLOTS"])
 def test_two_workers_keep_the_host_delay_at_the_server(shop, stores, tmp_path, setting):
-    """Scrapy's DOWNLOAD_DELAY (or a spider's download_delay) is a floor of the shared host
-    delay: before, each worker waited it only between its own requests, so two workers hit
-    the host twice as often as it asked."""
+    """Scrapy's DOWNLOAD_DELAY (or a spider's download_delay) and a DOWNLOAD_SLOTS entry's
+    delay are floors of the shared host delay: before, each worker waited them only between
+    its own requests, so two workers hit the host twice as often as it asked."""
     base = shop.base_urls[0]
     delay = 0.4
     env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0", WEBFARM_IDLE_TIMEOUT="2")
     args = ["crawl", "generic", "-a", f"start={base}/"]
     if setting == "WEBFARM_HOST_DELAY":
         env[setting] = str(delay)
+    elif setting == "DOWNLOAD_SLOTS":  # Scrapy's slot key: the bare host name
+        slots = {urlsplit(base).hostname: {"delay": delay, "concurrency": 2},
+                 "other.example": {"delay": 30}}
+        args += ["-s", f"DOWNLOAD_SLOTS={json.dumps(slots)}"]
     else:
         args += ["-s", f"{setting}={delay}"]
     procs = [runner.popen(args, env, tmp_path / "a.log"),

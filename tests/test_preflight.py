@@ -102,6 +102,15 @@ def test_settings_of_the_right_type_pass_the_check():
                       "WEBFARM_INDEX_BATCH_SIZE": "50", "ROBOTSTXT_OBEY": "false",
                       "WEBFARM_NEARDUP": "0", "CLOSESPIDER_ITEMCOUNT": 10}, priority="cmdline")
     check_types(settings)
+    settings.set("DOWNLOAD_SLOTS", {"a.test": {"delay": "2", "concurrency": 1}}, "spider")
+    check_types(settings)
+    for slots, why in [({"a.test": {"delay": "soon"}}, r"DOWNLOAD_SLOTS\['a.test'\] = "
+                        r"\{'delay': 'soon'\}: give a dict with a number of seconds"),
+                       ({"a.test": 2}, r"DOWNLOAD_SLOTS\['a.test'\] = 2: give a dict")]:
+        settings.set("DOWNLOAD_SLOTS", slots, priority="cmdline")
+        with pytest.raises(ValueError, match=why):
+            check_types(settings)
+    settings.set("DOWNLOAD_SLOTS", {}, priority="cmdline")
     settings.set("DOWNLOAD_DELAY", [1], priority="spider")  # custom_settings: any object
     with pytest.raises(ValueError, match=r"DOWNLOAD_DELAY=\[1\] is not a number"):
         check_types(settings)

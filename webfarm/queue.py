@@ -8,6 +8,7 @@ agree on keys, delays and the dupefilter mode.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 from weakref import WeakKeyDictionary
 
 import redis
@@ -45,6 +46,30 @@ def host_delay(settings: BaseSettings) -> float:
     worker; honoured only there, ten workers would hit a site ten times as often as the
     spider's author asked."""
     return max(settings.getfloat("WEBFARM_HOST_DELAY", 1.0), settings.getfloat("DOWNLOAD_DELAY"))
+
+
+class SlotDelays:
+    """The ``delay`` of each ``DOWNLOAD_SLOTS`` entry, as a floor of that host's delay in
+    the frontier, for every worker. Why: as with ``DOWNLOAD_DELAY`` (:func:`host_delay`),
+    Scrapy waits a slot's delay per worker only, so ten workers hit that site ten times as
+    often as its entry asks. A slot is named by the bare host name (Scrapy's slot key);
+    the frontier's hosts keep a non-default port, so each host is looked up once, when
+    this worker first sees it."""
+
+    def __init__(self, settings: BaseSettings) -> None:
+        self.delays: dict[str, float] = {
+            str(name).lower(): float(slot["delay"])
+            for name, slot in settings.getdict("DOWNLOAD_SLOTS").items()
+            if isinstance(slot, dict) and slot.get("delay")}
+        self._seen: set[str] = set()
+
+    def first_seen(self, host: str) -> float | None:
+        """The slot delay of frontier host ``host`` (``host[:port]``) the first time it is
+        asked about; None after that, or when no slot names it."""
+        if host in self._seen:
+            return None
+        self._seen.add(host)
+        return self.delays.get(urlsplit(f"//{host}").hostname or host)
 
 
 def allowed_attempts(settings: BaseSettings) -> int:

@@ -64,6 +64,7 @@ from webfarm.exceptions import DeadLetter, ItemError, RetryLater
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped, backoff
 from webfarm.frontierlink import FrontierLink
 from webfarm.queue import (
+    SlotDelays,
     allowed_attempts,
     decode_request,
     open_frontier,
@@ -94,6 +95,7 @@ class Scheduler(BaseScheduler):
         self.stats: StatsCollector | None = crawler.stats
         self.idle_timeout = settings.getfloat("WEBFARM_IDLE_TIMEOUT", 10.0)
         self.retry_times = allowed_attempts(settings)
+        self._slots = SlotDelays(settings)
         self.backoff_base = settings.getfloat("WEBFARM_RETRY_BACKOFF_BASE", 2.0)
         self.backoff_max = settings.getfloat("WEBFARM_RETRY_BACKOFF_MAX", 600.0)
         self.flush_interval = settings.getfloat("WEBFARM_FLUSH_INTERVAL", 0.5)
@@ -134,7 +136,12 @@ class Scheduler(BaseScheduler):
         # workers' requests (webfarm.queue.host_delay). Scrapy's own wait, per worker, would
         # hold a request handed out on time until just after another worker's reached the
         # host; as Scrapy's AutoThrottle does, set the delay of new download slots.
-        self.crawler.engine.downloader._delay = 0.0
+        downloader = self.crawler.engine.downloader
+        downloader._delay = 0.0
+        # DOWNLOAD_SLOTS' delays likewise (SlotDelays): the frontier keeps them.
+        downloader.per_slot_settings = {
+            name: {**slot, "delay": 0.0} if isinstance(slot, dict) and "delay" in slot else slot
+            for name, slot in downloader.per_slot_settings.items()}
         if self.crawler.settings.getbool("SCHEDULER_FLUSH_ON_START"):
             deleted = self.frontier.reset()
             logger.warning("SCHEDULER_FLUSH_ON_START: wiped the frontier (%d keys)", deleted)
@@ -231,6 +238,8 @@ class Scheduler(BaseScheduler):
             return False
         if fingerprint is not None:
             self._recent.add(fingerprint)
+        if self._slots.delays:
+            self._slot_delay(entry.host)
         assert self.link is not None
         self.link.push.append(entry)
         if len(self.link.push) >= PUSH_BATCH and not self.link.start(0):
@@ -242,6 +251,8 @@ class Scheduler(BaseScheduler):
             if not self._popped and not self._pop():
                 return None
             popped = self._popped.popleft()
+            if self._slots.delays:  # seeded by `scrapy seed`: never enqueued here
+                self._slot_delay(popped.host)
             try:
                 request = decode_request(popped.payload, self.spider)
             except SerializationError as exc:
@@ -374,6 +385,11 @@ class Scheduler(BaseScheduler):
                 self.link.delays[host] = after
             else:
                 self.link.op("set_delay", self.frontier._delay_args(host, after))
+
+    def _slot_delay(self, host: str) -> None:
+        delay = self._slots.first_seen(host)
+        if delay is not None:
+            self.host_delay(host, delay, source="DOWNLOAD_SLOTS")
 
     def host_defer(self, host: str, seconds: float, source: str = "", **kwargs: Any) -> None:
         self._inc("webfarm/frontier/deferred")

@@ -37,6 +37,35 @@ def check_types(settings: BaseSettings) -> None:
                 f"{name}={value!r} is not {kind} ({source}: {default!r}); fix the -s "
                 f"{name}=..., scrapyd's setting={name}=... or the spider's custom_settings "
                 "that set it")
+    check_slots(settings)
+
+
+def check_slots(settings: BaseSettings) -> None:
+    """ValueError unless ``DOWNLOAD_SLOTS`` maps slot names to dicts whose ``delay`` and
+    ``concurrency`` are numbers (the frontier reads the delays at start)."""
+    try:
+        slots = settings.getdict("DOWNLOAD_SLOTS")
+    except (TypeError, ValueError):
+        slots = None
+    example = '{"example.com": {"delay": 2.0, "concurrency": 1}}'
+    if slots is None:
+        raise ValueError(f"DOWNLOAD_SLOTS={settings['DOWNLOAD_SLOTS']!r} is not a dict of "
+                         f"slots; write it as JSON, e.g. {example}")
+    for name, slot in slots.items():
+        fields = slot if isinstance(slot, dict) else {"": slot}
+        for key, value in fields.items():
+            if key == "" or key in ("delay", "concurrency") and (
+                    isinstance(value, bool) or not _number(value)):
+                raise ValueError(f"DOWNLOAD_SLOTS[{name!r}] = {slot!r}: give a dict with a "
+                                 f"number of seconds as 'delay', e.g. {example}")
+
+
+def _number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _reads_as(settings: BaseSettings, name: str, kind: str) -> bool:
