@@ -326,6 +326,29 @@ def test_a_rendered_page_with_half_a_surrogate_pair_is_stored(web, stores, redis
     assert len(web.hits_for(host=base, path="/cut-emoji")) == 1
 
 
+def test_a_spider_written_for_scrapy_playwright_queues_its_page_methods(web, stores, redis_url):
+    """``PageMethod("wait_for_selector", ...)`` in a request's meta: before, such a request
+    could not be queued ("cannot queue a PageMethod") and was dropped."""
+    base = web.base_urls[0]
+    late = ("<html><body><p>early</p><script>setTimeout(function () {"
+            "var p = document.createElement('p'); p.id = 'late'; p.textContent = 'arrived late';"
+            " document.body.appendChild(p); }, 700);</script></body></html>")
+    web.route("/late", Response.html(late), host=base)
+    web.route("/late-too", Response.html(late), host=base)
+    result = runner.scrapy(["crawl", "test_page_methods", "-s", "WEBFARM_AUTOTHROTTLE=False",
+                            "-s", "SPIDER_MODULES=spiders,tests.spiders",
+                            "-a", f"start={base}/late,{base}/late-too"],
+                           runner.env_for(**stores), 120)
+    assert result.returncode == 0 and "Traceback" not in result.output, result.output[-3000:]
+    assert "Cannot queue" not in result.output
+    stored = pages(stores)
+    waited, plain = stored[f"{base}/late"], stored[f"{base}/late-too"]
+    assert waited["fetch_method"] == plain["fetch_method"] == "browser"
+    added = '<p id="late">arrived late</p>'  # in the DOM; the script spells it otherwise
+    assert added in body_of(stores, waited)  # the page method ran in the browser
+    assert added not in body_of(stores, plain)  # (it is what made the difference)
+
+
 def test_missing_chromium_dead_letters_with_the_reason(web, stores, redis_url, tmp_path):
     site = JsSite(pages=1).install(web, web.base_urls[0])
     empty = tmp_path / "bin"

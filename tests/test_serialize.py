@@ -64,6 +64,35 @@ def test_foreign_entries_refused(entry, why):
         serialize.loads(entry)
 
 
+def test_scrapy_playwright_page_methods_are_queued_and_checked():
+    """A scrapy-playwright spider's PageMethods travel through the frontier; those that
+    would let a Redis writer reach the worker's files (or run a function) do not."""
+    from scrapy_playwright.page import PageMethod
+
+    methods = [PageMethod("wait_for_selector", "div.price", timeout=5000),
+               PageMethod("evaluate", "window.scrollBy(0, document.body.scrollHeight)")]
+    req = scrapy.Request("http://example.com/",
+                         meta={"playwright": True, "playwright_page_methods": methods})
+    back = serialize.loads(serialize.dumps(req.to_dict()))["meta"]["playwright_page_methods"]
+    assert [(type(m), m.method, m.args, m.kwargs) for m in back] == [
+        (PageMethod, "wait_for_selector", ("div.price",), {"timeout": 5000}),
+        (PageMethod, "evaluate", ("window.scrollBy(0, document.body.scrollHeight)",), {})]
+    for method, why in [("screenshot", r"cannot queue PageMethod\('screenshot'\): a queued "
+                                       r"request may wait for or act on the page only"),
+                        (print, "cannot queue a PageMethod that calls <built-in function "
+                                "print>: name a Page method instead")]:
+        with pytest.raises(serialize.SerializationError, match=why):
+            serialize.dumps(scrapy.Request("http://example.com/", meta={
+                "playwright_page_methods": [PageMethod(method, path="/etc/passwd")]}).to_dict())
+    # An entry written to Redis by someone else: refused on the way out too.
+    for forged in (["set_input_files", ["input"], {"files": "/etc/passwd"}], ["click"],
+                   "click"):
+        entry = json.dumps({"url": "http://x/", "meta": {"playwright_page_methods": [
+            {"__page_method__": forged}]}})
+        with pytest.raises(serialize.SerializationError, match="PageMethod"):
+            serialize.loads(entry)
+
+
 def test_unserialisable_meta_gives_clear_error():
     req = scrapy.Request("http://example.com/", meta={"obj": object()})
     with pytest.raises(serialize.SerializationError, match="JSON types"):

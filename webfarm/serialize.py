@@ -35,6 +35,17 @@ SECRET_HEADERS = frozenset({b"authorization", b"proxy-authorization", b"cookie"}
 # meta keys that hold live objects or secrets and must not be queued.
 DROPPED_META = frozenset({"_auth_proxy", "playwright_page", "download_slot"})
 _BYTES = "__b64__"
+_PAGE_METHOD = "__page_method__"
+#: Page methods a queued scrapy-playwright ``PageMethod`` may name: ones that wait for or
+#: act on the page. Not ``screenshot``/``pdf`` (they write files on the worker with
+#: ``path=``), ``set_input_files``/``add_script_tag`` (they read them), ``goto``, ``route``
+#: or ``expose_function``: whoever can write to Redis must not reach the worker's files.
+PAGE_METHODS = frozenset({
+    "wait_for_selector", "wait_for_timeout", "wait_for_load_state", "wait_for_function",
+    "wait_for_url", "evaluate", "click", "dblclick", "hover", "tap", "focus", "fill",
+    "type", "press", "check", "uncheck", "select_option", "dispatch_event",
+    "set_viewport_size", "emulate_media",
+})
 
 
 class SerializationError(ValueError):
@@ -44,6 +55,9 @@ class SerializationError(ValueError):
 def _encode(obj: Any) -> Any:
     if isinstance(obj, bytes):
         return {_BYTES: base64.b64encode(obj).decode("ascii")}
+    if type(obj).__name__ == "PageMethod" and type(obj).__module__.startswith("scrapy_playwright"):
+        return {_PAGE_METHOD: [_page_method_name(obj.method), _encode(list(obj.args)),
+                               _encode(obj.kwargs)]}
     if isinstance(obj, dict):
         return {_key(k): _encode(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -64,14 +78,39 @@ def _key(key: Any) -> str:
     raise SerializationError(f"dict keys in a queued request must be strings, got {key!r}")
 
 
+def _page_method_name(method: Any) -> str:
+    if not isinstance(method, str):
+        raise SerializationError(
+            f"cannot queue a PageMethod that calls {method!r}: name a Page method instead, "
+            "e.g. PageMethod('wait_for_selector', 'div.price')")
+    if method not in PAGE_METHODS:
+        raise SerializationError(
+            f"cannot queue PageMethod({method!r}): a queued request may wait for or act on "
+            f"the page only ({', '.join(sorted(PAGE_METHODS))})")
+    return method
+
+
 def _decode(obj: Any) -> Any:
     if isinstance(obj, dict):
         if len(obj) == 1 and _BYTES in obj:
             return base64.b64decode(obj[_BYTES])
+        if len(obj) == 1 and _PAGE_METHOD in obj:
+            return _page_method(obj[_PAGE_METHOD])
         return {k: _decode(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_decode(v) for v in obj]
     return obj
+
+
+def _page_method(spec: Any) -> Any:
+    """A scrapy-playwright ``PageMethod`` back from ``[name, args, kwargs]``, checked as on
+    the way in (an entry written to Redis by someone else gets no more)."""
+    from scrapy_playwright.page import PageMethod
+
+    if not (isinstance(spec, list) and len(spec) == 3 and isinstance(spec[1], list)
+            and isinstance(spec[2], dict)):
+        raise SerializationError(f"malformed PageMethod: {spec!r}"[:300])
+    return PageMethod(_page_method_name(spec[0]), *_decode(spec[1]), **_decode(spec[2]))
 
 
 def strip_proxy_credentials(proxy: str) -> str:
