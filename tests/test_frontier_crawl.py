@@ -273,13 +273,15 @@ def test_malformed_entry_is_dead_lettered_not_run(shop, stores, tmp_path):
 
 
 @pytest.mark.parametrize(("spider", "collection"), [("test_crawlspider", "scrapy_products"),
-                                                   ("test_sitemapspider", "items")])
+                                                   ("test_sitemapspider", "items"),
+                                                   ("test_listings", "listings")])
 def test_scrapys_crawlspider_and_sitemapspider_crawl_on_the_frontier(shop, stores, spider,
                                                                     collection):
     """Their callbacks are private methods of Scrapy's (``_callback``, ``_errback``,
     ``_parse_sitemap``). Before, the frontier refused every such entry as malformed and
     dead-lettered it: a CrawlSpider crawled its start page and nothing else. Their items
-    keep their page's URL, so a dict without a key is stored once per page."""
+    keep their page's URL, so a dict without a key is stored once per page. An item passed
+    on in cb_kwargs comes back as an item (before: "cannot queue a Listing")."""
     env = runner.env_for(**stores)
     result = runner.scrapy(["crawl", spider, "-a", f"start={shop.base_urls[0]}/",
                             "-s", "SPIDER_MODULES=spiders,tests.spiders"], env, timeout=180)
@@ -291,7 +293,9 @@ def test_scrapys_crawlspider_and_sitemapspider_crawl_on_the_frontier(shop, store
         f"WF0{c}-000{p}" for c in (1, 2) for p in range(1, 6)), docs  # 2 x 5 products
     for doc in docs:
         assert doc["source_url"] == f"{shop.base_urls[0]}/product/{doc['sku']}"
-        assert doc["_id"] == (doc["sku"] if collection == "scrapy_products" else doc["source_url"])
+        assert doc["_id"] == (doc["source_url"] if collection == "items" else doc["sku"])
+        if collection == "listings":  # started on the category page, passed on as an item
+            assert doc["department"] == {"1": "Garden", "2": "Kitchen"}[doc["sku"][3]], doc
     assert list(frontier_of(stores["REDIS_URL"], spider).dead_letters()) == []
     db.client.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
@@ -10,6 +11,17 @@ import scrapy
 from scrapy.utils.request import request_from_dict
 
 from webfarm import serialize
+
+
+class Product(scrapy.Item):
+    name = scrapy.Field()
+    price = scrapy.Field()
+
+
+@dataclasses.dataclass
+class Offer:
+    seller: str
+    product: Product | None = None
 
 
 class Spider(scrapy.Spider):
@@ -90,6 +102,29 @@ def test_scrapy_playwright_page_methods_are_queued_and_checked():
         entry = json.dumps({"url": "http://x/", "meta": {"playwright_page_methods": [
             {"__page_method__": forged}]}})
         with pytest.raises(serialize.SerializationError, match="PageMethod"):
+            serialize.loads(entry)
+
+
+def test_items_passed_to_the_next_callback_come_back_as_items():
+    """Scrapy's way to build one item over several pages: ``cb_kwargs={"item": item}``.
+    Before, a scrapy.Item or dataclass there could not be queued."""
+    offer = Offer("acme", Product(name="kite", price=[b"9", 9.5]))
+    req = scrapy.Request("http://example.com/", cb_kwargs={"offer": offer, "seen": [offer]},
+                         meta={"item": Product(name="x")})
+    back = serialize.loads(serialize.dumps(req.to_dict()))
+    assert back["cb_kwargs"] == {"offer": offer, "seen": [offer]}
+    assert type(back["cb_kwargs"]["offer"].product) is Product
+    assert back["meta"]["item"] == Product(name="x")
+    # Forged entries: no import on an entry's word, no class that is not a project item.
+    for path, why in [("os:system", "not an item class"),
+                      ("collections:OrderedDict", "not an item class"),
+                      ("builtins:dict", "not an item class"),
+                      ("no.such.module:Item", "not loaded in this worker"),
+                      (f"{__name__}:Product.__class__", "not loaded"),
+                      (f"{__name__}:Product", "cannot rebuild")]:
+        entry = json.dumps({"url": "http://x/", "meta": {"item": {
+            "__item__": [path, {"colour": "red"}]}}})
+        with pytest.raises(serialize.SerializationError, match=why):
             serialize.loads(entry)
 
 

@@ -15,8 +15,14 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import sys
+import sysconfig
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+from itemadapter import ItemAdapter
+from scrapy import Item
 
 ALLOWED_REQUEST_CLASSES = frozenset(
     {
@@ -36,6 +42,10 @@ SECRET_HEADERS = frozenset({b"authorization", b"proxy-authorization", b"cookie"}
 DROPPED_META = frozenset({"_auth_proxy", "playwright_page", "download_slot"})
 _BYTES = "__b64__"
 _PAGE_METHOD = "__page_method__"
+_ITEM = "__item__"
+_LIBRARY_ROOTS = frozenset(
+    os.path.abspath(path) for name, path in sysconfig.get_paths().items()
+    if name in ("stdlib", "platstdlib", "purelib", "platlib"))
 #: Page methods a queued scrapy-playwright ``PageMethod`` may name: ones that wait for or
 #: act on the page. Not ``screenshot``/``pdf`` (they write files on the worker with
 #: ``path=``), ``set_input_files``/``add_script_tag`` (they read them), ``goto``, ``route``
@@ -64,9 +74,13 @@ def _encode(obj: Any) -> Any:
         return [_encode(v) for v in obj]
     if obj is None or isinstance(obj, (str, int, float, bool)):
         return obj
+    if ItemAdapter.is_item(obj):  # an item passed on to the next page's callback
+        cls = type(obj)
+        return {_ITEM: [f"{cls.__module__}:{cls.__qualname__}",
+                        {_key(k): _encode(v) for k, v in ItemAdapter(obj).items()}]}
     raise SerializationError(
         f"cannot queue a {type(obj).__name__} in a request; keep meta and cb_kwargs to JSON "
-        "types (str, numbers, lists, dicts)"
+        "types (str, numbers, lists, dicts) and items"
     )
 
 
@@ -96,6 +110,8 @@ def _decode(obj: Any) -> Any:
             return base64.b64decode(obj[_BYTES])
         if len(obj) == 1 and _PAGE_METHOD in obj:
             return _page_method(obj[_PAGE_METHOD])
+        if len(obj) == 1 and _ITEM in obj:
+            return _item(obj[_ITEM])
         return {k: _decode(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_decode(v) for v in obj]
@@ -111,6 +127,36 @@ def _page_method(spec: Any) -> Any:
             and isinstance(spec[2], dict)):
         raise SerializationError(f"malformed PageMethod: {spec!r}"[:300])
     return PageMethod(_page_method_name(spec[0]), *_decode(spec[1]), **_decode(spec[2]))
+
+
+def _item(spec: Any) -> Any:
+    """An item back from ``[module:qualname, fields]``. Only a class this worker already
+    loaded (nothing is imported on a queued entry's word) that is a ``scrapy.Item`` or an
+    item class of the project's own code (a dataclass, attrs or pydantic class outside the
+    standard library and installed packages)."""
+    if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str)
+            and isinstance(spec[1], dict)):
+        raise SerializationError(f"malformed item: {spec!r}"[:300])
+    module, _, qualname = spec[0].partition(":")
+    cls: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        if cls is None or not part or part.startswith("_"):
+            raise SerializationError(f"item class {spec[0]!r} is not loaded in this worker")
+        cls = getattr(cls, part, None)
+    if not (isinstance(cls, type) and ItemAdapter.is_item_class(cls) and _project_item(cls)):
+        raise SerializationError(f"{spec[0]!r} is not an item class of this project")
+    try:
+        return cls(**_decode(spec[1]))
+    except Exception as exc:  # a field it does not have, a validator refusing a value
+        raise SerializationError(f"cannot rebuild {spec[0]}: {exc}"[:300]) from None
+
+
+def _project_item(cls: type) -> bool:
+    if issubclass(cls, Item):
+        return True
+    path = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    return path is not None and not any(
+        os.path.abspath(path).startswith(os.path.join(root, "")) for root in _LIBRARY_ROOTS)
 
 
 def strip_proxy_credentials(proxy: str) -> str:

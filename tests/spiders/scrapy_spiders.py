@@ -2,15 +2,17 @@
 ``CrawlSpider`` with rules and a ``SitemapSpider``, not based on ``WebfarmSpider``. Their
 callbacks are private methods of Scrapy's (``_callback``, ``_errback``, ``_parse_sitemap``).
 The sitemap spider yields plain dicts without a key, as ``genspider -t crawl``'s template
-does: they are stored one per page, in the ``items`` collection."""
+does: they are stored one per page, in the ``items`` collection. The listings spider
+builds each item over two pages, passing it on in ``cb_kwargs``."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+import scrapy
 from scrapy.http import Response
 from scrapy.linkextractors import LinkExtractor
 from scrapy.spiders import CrawlSpider, Rule, SitemapSpider
@@ -62,3 +64,41 @@ class ShopSitemapSpider(SitemapSpider):
     def parse_product(self, response: Response) -> Iterator[Any]:
         for item in product(response):
             yield {"sku": item.sku, "name": item.name}
+
+
+@dataclass
+class Listing:
+    item_collection: ClassVar[str] = "listings"
+    key_fields: ClassVar[tuple[str, ...]] = ("sku",)
+
+    department: str
+    sku: str = ""
+    name: str = ""
+
+
+class ShopListingSpider(scrapy.Spider):
+    """A category page starts a ``Listing``; each product page it links to gets a copy in
+    ``cb_kwargs`` and fills it in (Scrapy's way to build an item over several pages)."""
+
+    name = "test_listings"
+
+    def __init__(self, start: str = "", *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.start_urls = [start]
+
+    def parse(self, response: Response) -> Iterator[Any]:
+        for link in response.css('nav a[href*="/category/"]'):
+            yield response.follow(link, self.parse_category, cb_kwargs={
+                "listing": Listing(department=link.css("::text").get() or "")})
+
+    def parse_category(self, response: Response, listing: Listing) -> Iterator[Any]:
+        for href in response.css('li.product a::attr(href)').getall():
+            yield response.follow(href, self.parse_product,
+                                  cb_kwargs={"listing": replace(listing)})
+        for href in response.css('a[rel="next"]::attr(href)').getall():
+            yield response.follow(href, self.parse_category, cb_kwargs={"listing": listing})
+
+    def parse_product(self, response: Response, listing: Listing) -> Iterator[Listing]:
+        assert isinstance(listing, Listing), type(listing)  # not a dict: an item again
+        for found in product(response):
+            yield replace(listing, sku=found.sku, name=found.name)
