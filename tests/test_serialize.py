@@ -128,6 +128,18 @@ def test_items_passed_to_the_next_callback_come_back_as_items():
             serialize.loads(entry)
 
 
+def test_a_request_class_a_worker_would_not_rebuild_is_refused_when_yielded():
+    """Before, it was queued, then dead-lettered as malformed by the worker taking it."""
+
+    class PagedRequest(scrapy.Request):
+        pass
+
+    with pytest.raises(serialize.SerializationError,
+                       match=r"its class .*PagedRequest is not one a worker rebuilds"):
+        serialize.dumps(PagedRequest("http://example.com/").to_dict())
+    serialize.dumps(scrapy.FormRequest("http://example.com/", formdata={"q": "1"}).to_dict())
+
+
 def test_unserialisable_meta_gives_clear_error():
     req = scrapy.Request("http://example.com/", meta={"obj": object()})
     with pytest.raises(serialize.SerializationError, match="JSON types"):

@@ -184,7 +184,15 @@ def scrub(request_dict: dict[str, Any]) -> dict[str, Any]:
 
 
 def dumps(request_dict: dict[str, Any]) -> str:
-    """Serialise a ``Request.to_dict()`` result to JSON, without secrets."""
+    """Serialise a ``Request.to_dict()`` result to JSON, without secrets. A request class
+    :func:`loads` would refuse is refused here, when the spider yields it, not
+    dead-lettered when a worker takes it."""
+    cls = request_dict.get("_class")
+    if cls is not None and cls not in ALLOWED_REQUEST_CLASSES:
+        raise SerializationError(
+            f"its class {cls} is not one a worker rebuilds from the frontier (Request, "
+            "FormRequest, JsonRequest, XmlRpcRequest); yield one of those and carry the "
+            "extra values in meta or cb_kwargs")
     return json.dumps(_encode(scrub(request_dict)), separators=(",", ":"), sort_keys=True)
 
 
