@@ -18,23 +18,27 @@ from webfarm.itemstore import ItemStore, make_entry
 from webfarm.threads import StorageThreads
 
 
+def idle_aware_batcher(crawler, written: list[list[str]], crawling: dict[str, bool]) -> Batcher:
+    """A batcher whose batches land in ``written``, with a 10 s quiet period, idle while
+    ``crawling["idle"]`` is True."""
+    async def write(entries: list[str], retried: bool) -> list[str]:
+        written.append(list(entries))
+        return entries
+
+    return Batcher(write, size=100, seconds=30, quiet=10, retry_seconds=1, what="test",
+                   stats=crawler.stats, stat_prefix="t", idle=lambda: crawling["idle"])
+
+
 def test_a_batch_does_not_wait_for_entries_that_cannot_come():
     """While the crawler has nothing in flight (the last response of a crawl was parsed, a
     lull) a batch goes a few ms after its last entry, not after its quiet period; the
     entries of one response still go together. A busy crawler's batch keeps waiting."""
     written: list[list[str]] = []
     crawler = get_crawler()
-
-    async def write(entries: list[str], retried: bool) -> list[str]:
-        written.append(list(entries))
-        return entries
-
     crawling = {"idle": False}
 
     async def scenario() -> tuple[bool, list[str]]:
-        batcher = Batcher(write, size=100, seconds=30, quiet=10, retry_seconds=1,
-                          what="test", stats=crawler.stats, stat_prefix="t",
-                          idle=lambda: crawling["idle"])
+        batcher = idle_aware_batcher(crawler, written, crawling)
         first = asyncio.ensure_future(batcher.submit("a"))
         await asyncio.sleep(0.5)
         waited = not first.done()  # requests in flight: more entries may come
@@ -56,17 +60,10 @@ def test_a_batch_goes_when_the_last_response_in_flight_comes_back_without_entrie
     a robots.txt), instead of after the quiet period."""
     written: list[list[str]] = []
     crawler = get_crawler()
-
-    async def write(entries: list[str], retried: bool) -> list[str]:
-        written.append(list(entries))
-        return entries
-
     crawling = {"idle": False}
 
     async def scenario() -> tuple[bool, float]:
-        batcher = Batcher(write, size=100, seconds=30, quiet=10, retry_seconds=1,
-                          what="test", stats=crawler.stats, stat_prefix="t",
-                          idle=lambda: crawling["idle"])
+        batcher = idle_aware_batcher(crawler, written, crawling)
         recheck_on_responses(crawler, batcher)
         entry = asyncio.ensure_future(batcher.submit("a"))
         await asyncio.sleep(0.3)
