@@ -535,3 +535,23 @@ def test_browser_pages_go_through_one_context_per_proxy(web, redis_url, mongo_ur
     assert stats["playwright/context_count"] == 2  # one per proxy, no more
     assert not [h for h in web.hits if "proxy-authorization" in h.headers]
     assert_no_secret(result, mongo_uri, mongo_db_name, redis_url)
+
+
+def test_a_spider_proxy_with_credentials_is_refused_with_where_to_put_them(
+        web, redis_url, mongo_uri, mongo_db_name, tmp_path):
+    """Credentials are never written to Redis: a request whose meta["proxy"] held them was
+    queued without them, and the worker fetching it got 407 from the proxy until the
+    request was dead-lettered."""
+    base = web.base_urls[0]
+    with ProxyServer("auth", credentials=("crawler", SECRET)) as proxy:
+        env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri,
+                             MONGO_DATABASE=mongo_db_name,
+                             BLOB_STORE_URI=(tmp_path / "b").as_uri())
+        result = runner.scrapy(["crawl", "test_own_proxy", "-a", f"start={base}/",
+                                "-a", f"proxy=http://crawler:{SECRET}@{proxy.host}:{proxy.port}",
+                                "-s", "SPIDER_MODULES=spiders,tests.spiders"], env, 120)
+        assert result.returncode == 0 and "Traceback" not in result.output
+        assert "meta['proxy'] holds a user:password" in result.output
+        assert "list the proxy in WEBFARM_PROXIES" in result.output
+        assert SECRET not in result.output
+        assert proxy.log == [] and web.hits_for(host=base) == []

@@ -173,6 +173,7 @@ def request_entry(request: Request, spider: Spider | None, fingerprinter: Any,
                   fingerprint: bytes | None = None) -> Entry:
     """A frontier entry for ``request``: politeness host, priority, fingerprint, JSON
     (``fingerprint``: the request's, if the caller computed it already)."""
+    _refuse_proxy_credentials(request)
     payload = serialize.dumps(request_dict(request, spider))
     return Entry(
         host=host_of(request.url),
@@ -181,6 +182,21 @@ def request_entry(request: Request, spider: Spider | None, fingerprinter: Any,
         payload=payload,
         dont_filter=bool(request.dont_filter),
     )
+
+
+def _refuse_proxy_credentials(request: Request) -> None:
+    """A spider's own ``meta["proxy"]`` with a user:password cannot be queued: credentials
+    are never written to Redis, so the worker fetching it went without them, got 407 from
+    the proxy and dropped the page with one INFO line. A proxy webfarm's proxy middleware
+    chose (``webfarm_proxy`` in meta) is picked again at fetch time."""
+    proxy = request.meta.get("proxy")
+    if isinstance(proxy, str) and "@" in urlsplit(proxy).netloc \
+            and "webfarm_proxy" not in request.meta:
+        raise serialize.SerializationError(
+            "its meta['proxy'] holds a user:password, which is never written to Redis, so "
+            "the worker fetching it would go without them (407); list the proxy in "
+            "WEBFARM_PROXIES instead (its credentials stay in the workers' settings) and "
+            "leave meta['proxy'] unset")
 
 
 def decode_request(payload: str | bytes, spider: Spider | None) -> Request:
