@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 import pymongo
 import pytest
+import redis
 
 from tests import runner, servers
 from tests.crawlcheck import frontier as frontier_of
@@ -204,6 +205,31 @@ def test_scrapys_retry_times_and_max_retry_times_meta_limit_the_tries(shop, stor
         stores["REDIS_URL"], "test_retry_limits").dead_letters())
     assert [r.split(":")[0] for r in reasons] == [
         "gave up after 1 attempts", "gave up after 2 attempts", "gave up after 3 attempts"]
+
+
+def test_cookies_a_spider_passes_are_sent_only_with_cookies_enabled_and_it_is_said(shop,
+                                                                                  stores):
+    """COOKIES_ENABLED is False here (crawls are anonymous), unlike Scrapy's default: a
+    spider's cookies=... were dropped without a word."""
+    base = shop.base_urls[0]
+    host = base.split("//")[1]
+    args = ["crawl", "test_cookies", "-a", f"start={base}/",
+            "-s", "SPIDER_MODULES=spiders,tests.spiders"]
+    anonymous = runner.scrapy(args, runner.env_for(**stores), timeout=120)
+    assert anonymous.returncode == 0, anonymous.output[-2000:]
+    assert anonymous.output.count("carries cookies=..., which are not sent: COOKIES_ENABLED "
+                                  "is False here") == 1
+    sent = {h.path: h.headers.get("cookie") for h in page_hits(shop, base)}
+    assert sent == {"/": None, "/about": None}
+
+    redis.Redis.from_url(stores["REDIS_URL"]).flushall()
+    shop.clear_hits()
+    enabled = runner.scrapy([*args, "-s", "COOKIES_ENABLED=True"], runner.env_for(**stores),
+                            timeout=120)
+    assert enabled.returncode == 0 and "not sent" not in enabled.output, enabled.output[-2000:]
+    sent = {h.path: h.headers.get("cookie") or "" for h in shop.hits_for(host=host)
+            if h.path != "/robots.txt"}
+    assert "consent=yes" in sent["/"] and "locale=en" in sent["/about"]  # through the frontier
 
 
 def test_which_retry_limit_applies():

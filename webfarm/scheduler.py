@@ -96,6 +96,7 @@ class Scheduler(BaseScheduler):
         self.idle_timeout = settings.getfloat("WEBFARM_IDLE_TIMEOUT", 10.0)
         self.retry_times = allowed_attempts(settings)
         self._slots = SlotDelays(settings)
+        self._cookies_said = settings.getbool("COOKIES_ENABLED")  # nothing to say then
         self.backoff_base = settings.getfloat("WEBFARM_RETRY_BACKOFF_BASE", 2.0)
         self.backoff_max = settings.getfloat("WEBFARM_RETRY_BACKOFF_MAX", 600.0)
         self.flush_interval = settings.getfloat("WEBFARM_FLUSH_INTERVAL", 0.5)
@@ -240,6 +241,12 @@ class Scheduler(BaseScheduler):
             self._recent.add(fingerprint)
         if self._slots.delays:
             self._slot_delay(entry.host)
+        if request.cookies and not self._cookies_said:
+            self._cookies_said = True
+            logger.warning(
+                "%s carries cookies=..., which are not sent: COOKIES_ENABLED is False here "
+                "(crawls are anonymous); set COOKIES_ENABLED=True in the spider's "
+                "custom_settings to send them (said once)", request)
         assert self.link is not None
         self.link.push.append(entry)
         if len(self.link.push) >= PUSH_BATCH and not self.link.start(0):
