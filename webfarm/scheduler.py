@@ -59,6 +59,7 @@ from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
 from webfarm import signals as wf_signals
+from webfarm.advice import cookies_not_sent, explain_nothing_fetched
 from webfarm.dupefilter import RecentFingerprints
 from webfarm.exceptions import DeadLetter, ItemError, RetryLater
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped, backoff
@@ -243,10 +244,7 @@ class Scheduler(BaseScheduler):
             self._slot_delay(entry.host)
         if request.cookies and not self._cookies_said:
             self._cookies_said = True
-            logger.warning(
-                "%s carries cookies=..., which are not sent: COOKIES_ENABLED is False here "
-                "(crawls are anonymous); set COOKIES_ENABLED=True in the spider's "
-                "custom_settings to send them (said once)", request)
+            cookies_not_sent(request)
         assert self.link is not None
         self.link.push.append(entry)
         if len(self.link.push) >= PUSH_BATCH and not self.link.start(0):
@@ -465,31 +463,8 @@ class Scheduler(BaseScheduler):
             self._idle_until(min(1.0, self.idle_timeout))
             raise DontCloseSpider
         logger.info("Frontier empty for %.0fs: closing this worker", now - self._empty_since)
-        self._explain_nothing_fetched()
-
-    def _explain_nothing_fetched(self) -> None:
-        """A crawl run again with the same start URLs fetches nothing: the frontier keeps
-        every URL it saw, so that no worker fetches one twice. Without a word, that looked
-        like a broken crawl (stats showed one 'duplicates')."""
-        stats, spider = self.stats, self.spider
-        if stats is None or spider is None or stats.get_value("webfarm/frontier/dequeued"):
-            return
-        seen = stats.get_value("webfarm/frontier/duplicates", 0)
-        if not seen or stats.get_value("webfarm/frontier/enqueued"):
-            return
-        name = spider.name
-        try:
-            dead = self.frontier.counts()["dead"] if self.frontier is not None else 0
-        except REDIS_ERRORS:
-            dead = 0
-        logger.warning(
-            "This worker fetched nothing: the %d URL(s) it started from were seen before by "
-            "%s's frontier, which never fetches a URL twice. To fetch them again: "
-            "`scrapy recrawl %s` (stored pages that are due), `scrapy seed %s --force URL ...`"
-            "%s, or `scrapy frontier %s --reset --yes` to start this spider's crawl over",
-            seen, name, name, name,
-            f", `scrapy dlq {name} --requeue` (the {dead} URL(s) that failed)" if dead else "",
-            name)
+        if self.spider is not None:
+            explain_nothing_fetched(self.stats, self.spider.name, self.frontier)
 
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None and count:
