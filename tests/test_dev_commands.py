@@ -13,6 +13,7 @@ import redis
 from scrapy.settings import Settings
 
 from tests import runner
+from tests.servers import free_port
 from tests.testweb import TestWeb
 from webfarm.blobstore import open_blob_store
 from webfarm.commands import parse, shell
@@ -118,6 +119,28 @@ def test_scrapy_runspider_crawls_a_spider_file_like_a_project_spider(dev_web, st
     assert {d["url"] for d in db.pages.find({"spider": "onefile"})} == \
         dev_web.expected_pages(base)
     assert sorted(d["_id"] for d in db.skus.find()) == sorted(dev_web.shop(base).products)
+
+
+def test_scrapy_runspider_checks_what_scrapy_crawl_checks(dev_web, stores, tmp_path):
+    """Before, a spider file started without the start checks: a wrong REDIS_URL or a
+    setting of the wrong type ended in tracebacks, bad -a arguments were not refused."""
+    base = dev_web.base_urls[0]
+    path = tmp_path / "onefile.py"
+    path.write_text(ONE_FILE)
+    before = len(dev_web.hits)  # the test web serves the whole module
+    for args, env, code, line in [
+        (["-a", "max_pages=ten"], {}, 2, "webfarm: onefile: max_pages='ten' is not a whole "
+                                         "number"),
+        (["-s", "WEBFARM_HOST_DELAY=abc"], {}, 1, "webfarm: WEBFARM_HOST_DELAY='abc' is not "
+                                                  "a number"),
+        ([], {"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}, 1,
+         "webfarm: REDIS_URL: cannot reach")]:
+        result = run({**stores, **env}, "runspider", str(path), "-a", f"start={base}/", *args)
+        assert result.returncode == code and "Traceback" not in result.output, \
+            result.output[-2000:]
+        assert [x for x in result.stderr.splitlines() if x.startswith("webfarm:")][0] \
+            .startswith(line), result.stderr[-2000:]
+    assert len(dev_web.hits) == before  # nothing was fetched
 
 
 def test_scrapy_bench_crawls_scrapy_s_bench_server(stores, redis_url):

@@ -1,4 +1,5 @@
-"""``scrapy crawl``, checking where the frontier, index and blobs live before it starts.
+"""``scrapy crawl``, checking where the frontier, index and blobs live before it starts
+(``scrapy runspider`` checks the same, see webfarm/commands/runspider.py).
 
 A wrong ``REDIS_URL``/``MONGO_URI``/``BLOB_STORE_URI`` stops the worker with one
 line naming the variable, before any request is fetched. Unset ones start (or
@@ -13,6 +14,7 @@ import logging
 import sys
 
 from scrapy.commands.crawl import Command as ScrapyCrawlCommand
+from scrapy.settings import BaseSettings
 
 from webfarm import config
 from webfarm.commands._common import spider_settings
@@ -24,34 +26,29 @@ class Command(ScrapyCrawlCommand):
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None and self.crawler_process is not None
-        settings, name = self.settings, None
+        spidercls = None
         if len(args) == 1:
-            spidercls = self._spider_class(args[0], opts)
-            if spidercls is None:
+            try:
+                spidercls = self.crawler_process.spider_loader.load(args[0])
+            except KeyError:
+                print(f"webfarm: no spider named {args[0]!r}; `scrapy list` shows them",
+                      file=sys.stderr)
                 self.exitcode = 2
                 return
-            # Check the locations the spider's crawler will use (its custom_settings too).
-            settings, name = spider_settings(self.settings, spidercls), args[0]
-        try:
-            loc = config.preflight(settings, name)
-        except config.ConfigError as exc:
-            print(f"webfarm: {exc}", file=sys.stderr)
-            if self.settings.get("LOG_FILE"):  # scrapyd: the job's log must say why, too
-                logging.getLogger(__name__).error("webfarm: %s", exc)
-            self.exitcode = 1
-            return
-        config.apply(self.settings, loc)
-        super().run(args, opts)
+        self.exitcode = prepare(self.settings, spidercls, opts)
+        if not self.exitcode:
+            super().run(args, opts)
 
-    def _spider_class(self, name: str, opts: argparse.Namespace) -> type | None:
-        """The spider's class, once it has checked its ``-a`` arguments; None (and one
-        line on stderr) when there is no such spider or they are wrong."""
-        assert self.crawler_process is not None
-        try:
-            spidercls = self.crawler_process.spider_loader.load(name)
-        except KeyError:
-            print(f"webfarm: no spider named {name!r}; `scrapy list` shows them", file=sys.stderr)
-            return None
+
+def prepare(settings: BaseSettings, spidercls: type | None, opts: argparse.Namespace) -> int:
+    """What ``scrapy crawl`` and ``scrapy runspider`` check before a worker starts: the
+    spider (its ``-a`` arguments, a ``start_requests()`` Scrapy would not call), then the
+    settings and locations its crawler will use (its custom_settings too), which are then
+    pinned in ``settings``. The exit code: 0 to go on, else 2 (the spider) or 1 (the
+    settings and locations), with one line on stderr."""
+    name = getattr(spidercls, "name", None) if spidercls is not None else None
+    checked = settings
+    if spidercls is not None:
         try:
             refuse_ignored_start_requests(spidercls)
             check = getattr(spidercls, "check_arguments", None)
@@ -59,8 +56,17 @@ class Command(ScrapyCrawlCommand):
                 check(**opts.spargs)
         except ValueError as exc:
             print(f"webfarm: {name}: {exc}", file=sys.stderr)
-            return None
-        return spidercls
+            return 2
+        checked = spider_settings(settings, spidercls)
+    try:
+        loc = config.preflight(checked, name)
+    except config.ConfigError as exc:
+        print(f"webfarm: {exc}", file=sys.stderr)
+        if settings.get("LOG_FILE"):  # scrapyd: the job's log must say why, too
+            logging.getLogger(__name__).error("webfarm: %s", exc)
+        return 1
+    config.apply(settings, loc)
+    return 0
 
 
 def refuse_ignored_start_requests(spidercls: type) -> None:
