@@ -159,6 +159,14 @@ def seed_opts(**overrides):
     return argparse.Namespace(**{**values, **overrides})
 
 
+
+def test_frontier_shows_the_delay_of_a_spiders_download_delay_attribute(stores):
+    """Scrapy maps the deprecated attribute onto DOWNLOAD_DELAY in a crawl only: the
+    commands showed the project's delay for such a spider."""
+    doc = json.loads(ok(run(stores, "frontier", "test_delay_attribute", "--json",
+                            "-s", "SPIDER_MODULES=spiders,tests.spiders")))
+    assert doc["default_delay"] == 3.5
+
 def test_seed_a_sitemap_then_crawl_with_no_start_urls(stores, client, shop):
     """robots.txt -> sitemap; index -> gzip sitemap; then a worker with only -a domains."""
     base = shop.base_urls[0]

@@ -1,4 +1,5 @@
-"""A spider written for Scrapy before 2.13: ``start_requests()`` and no ``start()``."""
+"""Spiders written for older Scrapy: ``start_requests()`` and no ``start()``, the
+``download_delay`` attribute."""
 
 from __future__ import annotations
 
@@ -22,3 +23,14 @@ class BothStartsSpider(OldStartSpider):
     async def start(self):  # type: ignore[override]
         for request in self.start_requests():
             yield request
+
+
+class DelayAttributeSpider(scrapy.Spider):
+    """Scrapy's deprecated ``download_delay`` attribute, as older projects have it."""
+
+    name = "test_delay_attribute"
+    download_delay = 3.5
+
+    async def start(self):  # type: ignore[override]
+        return
+        yield

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from scrapy.settings import BaseSettings
+from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings
 from scrapy.spiderloader import get_spider_loader
 
 from webfarm import config
@@ -52,6 +52,13 @@ def spider_settings(settings: BaseSettings, spidercls: type) -> BaseSettings:
     them: a spider may keep its pages in a database or bucket of its own."""
     own = settings.copy()
     spidercls.update_settings(own)  # type: ignore[attr-defined]
+    # Scrapy's deprecated spider attributes, as its Crawler maps them in a crawl: a spider
+    # with ``download_delay = 5`` has that delay in the frontier the commands show.
+    for attr, name in (("download_delay", "DOWNLOAD_DELAY"),
+                       ("max_concurrent_requests", "CONCURRENT_REQUESTS_PER_DOMAIN")):
+        if hasattr(spidercls, attr) and \
+                (own.getpriority(name) or 0) < SETTINGS_PRIORITIES["spider"]:
+            own.set(name, getattr(spidercls, attr), priority="spider")
     return own
 
 
