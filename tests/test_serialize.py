@@ -140,6 +140,19 @@ def test_a_request_class_a_worker_would_not_rebuild_is_refused_when_yielded():
     serialize.dumps(scrapy.FormRequest("http://example.com/", formdata={"q": "1"}).to_dict())
 
 
+def test_an_item_class_of_an_installed_project_package_is_rebuilt(monkeypatch):
+    """A project installed into site-packages (a container image): its dataclass items are
+    the project's, named by the package of its settings module."""
+    import scrapy.core.downloader  # noqa: F401 - loaded, as in a crawl
+
+    entry = json.dumps({"url": "http://x/", "meta": {"item": {"__item__": [
+        "scrapy.core.downloader:Slot", {"concurrency": 1, "delay": 0.5, "jitter": 0.0}]}}})
+    with pytest.raises(serialize.SerializationError, match="not an item class"):
+        serialize.loads(entry)  # an installed library's dataclass
+    monkeypatch.setenv("SCRAPY_SETTINGS_MODULE", "scrapy.settings")  # "the project is scrapy"
+    assert serialize.loads(entry)["meta"]["item"].delay == 0.5
+
+
 def test_unserialisable_meta_gives_clear_error():
     req = scrapy.Request("http://example.com/", meta={"obj": object()})
     with pytest.raises(serialize.SerializationError, match="JSON types"):

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from itemadapter import ItemAdapter
 from scrapy import Item
+from scrapy.utils.project import ENVVAR
 
 ALLOWED_REQUEST_CLASSES = frozenset(
     {
@@ -132,8 +133,7 @@ def _page_method(spec: Any) -> Any:
 def _item(spec: Any) -> Any:
     """An item back from ``[module:qualname, fields]``. Only a class this worker already
     loaded (nothing is imported on a queued entry's word) that is a ``scrapy.Item`` or an
-    item class of the project's own code (a dataclass, attrs or pydantic class outside the
-    standard library and installed packages)."""
+    item class of the project's own code (see :func:`_project_item`)."""
     if not (isinstance(spec, list) and len(spec) == 2 and isinstance(spec[0], str)
             and isinstance(spec[1], dict)):
         raise SerializationError(f"malformed item: {spec!r}"[:300])
@@ -152,7 +152,13 @@ def _item(spec: Any) -> Any:
 
 
 def _project_item(cls: type) -> bool:
+    """A ``scrapy.Item``, a class of the project's package (the one holding its settings
+    module, installed or not), or one whose file is not in the standard library or the
+    installed packages (a project run from its directory, or from scrapyd's egg)."""
     if issubclass(cls, Item):
+        return True
+    project = os.environ.get(ENVVAR, "").partition(".")[0]
+    if project and cls.__module__.partition(".")[0] == project:
         return True
     path = getattr(sys.modules.get(cls.__module__), "__file__", None)
     return path is not None and not any(
