@@ -190,8 +190,9 @@ def _refuse_proxy_credentials(request: Request) -> None:
     the proxy and dropped the page with one INFO line. A proxy webfarm's proxy middleware
     chose (``webfarm_proxy`` in meta) is picked again at fetch time."""
     proxy = request.meta.get("proxy")
-    if isinstance(proxy, str) and "@" in urlsplit(proxy).netloc \
-            and "webfarm_proxy" not in request.meta:
+    if not isinstance(proxy, str) or "webfarm_proxy" in request.meta:
+        return
+    if "@" in urlsplit(proxy if "//" in proxy else f"//{proxy}").netloc:  # scheme optional
         raise serialize.SerializationError(
             "its meta['proxy'] holds a user:password, which is never written to Redis, so "
             "the worker fetching it would go without them (407); list the proxy in "
