@@ -54,8 +54,8 @@ def check_slots(settings: BaseSettings) -> None:
     for name, slot in slots.items():
         fields = slot if isinstance(slot, dict) else {"": slot}
         for key, value in fields.items():
-            if key == "" or key in ("delay", "concurrency") and (
-                    isinstance(value, bool) or not _number(value)):
+            if key == "" or (key in ("delay", "concurrency") and (
+                    isinstance(value, bool) or not _number(value))):
                 raise ValueError(f"DOWNLOAD_SLOTS[{name!r}] = {slot!r}: give a dict with a "
                                  f"number of seconds as 'delay', e.g. {example}")
 
