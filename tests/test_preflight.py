@@ -44,6 +44,27 @@ def test_bad_location_fails_before_any_request(case, good, web, s3_server):
     assert web.hits == []  # not even robots.txt was fetched
 
 
+def test_scrapy_redis_host_and_port_are_not_taken_for_the_embedded_frontier(good, web):
+    """A migrated scrapy-redis project's REDIS_HOST/REDIS_PORT were ignored: each machine
+    started an embedded Valkey and crawled on a frontier of its own."""
+    env = {k: v for k, v in runner.env_for(**good).items() if k != "REDIS_URL"}
+    env["WEBFARM_DATA_DIR"] = good["BLOB_STORE_URI"].removeprefix("file://") + "-data"
+    try:
+        result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/",
+                                "-s", "REDIS_HOST=redis.internal", "-s", "REDIS_PORT=6380"],
+                               env, timeout=60)
+    finally:  # had it started the embedded services after all, they must not outlive us
+        runner.scrapy(["services", "down"], env, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.output, result.output[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("webfarm:")]
+    assert errors == ["webfarm: REDIS_HOST=redis.internal and REDIS_PORT=6380 are scrapy-redis "
+                      "settings, and webfarm reads REDIS_URL only: set "
+                      "REDIS_URL=redis://redis.internal:6380/0 (with user:password@ and the "
+                      "db number your REDIS_PARAMS gave)"], result.stderr[-2000:]
+    assert web.hits == []
+    assert "valkey" not in result.output.lower()  # no embedded server was started
+
+
 def test_bad_blob_compression_fails_before_any_request(good, web):
     env = runner.env_for(**good)
     result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/",

@@ -74,6 +74,7 @@ def redis_url(settings: BaseSettings) -> str:
     """``REDIS_URL``, or the embedded Valkey's URL (started if needed)."""
     url = settings.get("REDIS_URL") or ""
     if not url:
+        _refuse_scrapy_redis_address(settings)
         return _embedded(settings, "redis", "REDIS_URL")
     scheme = urlsplit(url).scheme
     if scheme not in REDIS_SCHEMES:
@@ -82,6 +83,22 @@ def redis_url(settings: BaseSettings) -> str:
             "use redis://host:6379/0, or unset it for the embedded Valkey"
         )
     return url.replace("valkey", "redis", 1) if scheme.startswith("valkey") else url
+
+
+def _refuse_scrapy_redis_address(settings: BaseSettings) -> None:
+    """scrapy-redis's ``REDIS_HOST``/``REDIS_PORT`` without ``REDIS_URL``: webfarm read
+    neither and started the embedded Valkey, so each machine of a migrated deployment
+    crawled on a frontier of its own (every URL once per machine, and each machine as
+    impolite as the whole fleet should be). Said in one line instead."""
+    given = [f"{name}={settings.get(name)}" for name in ("REDIS_HOST", "REDIS_PORT")
+             if settings.get(name)]
+    if given:
+        host = settings.get("REDIS_HOST") or "localhost"
+        port = settings.get("REDIS_PORT") or 6379
+        raise ConfigError(
+            f"{' and '.join(given)} are scrapy-redis settings, and webfarm reads REDIS_URL "
+            f"only: set REDIS_URL=redis://{host}:{port}/0 (with user:password@ and the db "
+            "number your REDIS_PARAMS gave)")
 
 
 def mongo_uri(settings: BaseSettings) -> str:
