@@ -65,6 +65,28 @@ def test_scrapy_redis_host_and_port_are_not_taken_for_the_embedded_frontier(good
     assert "valkey" not in result.output.lower()  # no embedded server was started
 
 
+def test_a_shared_frontier_with_a_local_index_or_blob_folder_is_pointed_out():
+    """A fleet whose REDIS_URL is on another machine but whose BLOB_STORE_URI (or
+    MONGO_URI) is unset kept each machine's raw pages (or index) to itself, silently."""
+    from scrapy.settings import Settings
+
+    def warning(**values: str) -> str | None:
+        return config.fleet_warning(Settings(values))
+
+    assert warning(REDIS_URL="redis://10.0.0.5:6379/0", MONGO_URI="mongodb://10.0.0.6") == (
+        "REDIS_URL is on 10.0.0.5, a frontier other machines share, but BLOB_STORE_URI is "
+        "unset: this machine keeps its raw pages to itself, out of reach of other machines' "
+        "workers and `scrapy reparse`, and lost with it; set BLOB_STORE_URI to the fleet's "
+        "servers")
+    assert "MONGO_URI and BLOB_STORE_URI are unset: this machine keeps its index and raw " \
+        "pages to itself" in warning(REDIS_URL="redis://redis.internal:6379/0")
+    for alone in ({}, {"REDIS_URL": "redis://127.0.0.1:6379/0"},
+                  {"REDIS_URL": "redis://localhost/0"}, {"REDIS_URL": "unix:///run/r.sock"},
+                  {"REDIS_URL": "redis://10.0.0.5/0", "MONGO_URI": "mongodb://m",
+                   "BLOB_STORE_URI": "s3://b/p"}):
+        assert warning(**alone) is None, alone  # one machine, or everything shared
+
+
 def test_bad_blob_compression_fails_before_any_request(good, web):
     env = runner.env_for(**good)
     result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/",

@@ -324,6 +324,35 @@ def preflight(settings: BaseSettings, spider: str | None = None) -> Locations:
     return Locations(redis, mongo, database, blobs, endpoint)
 
 
+def fleet_warning(settings: BaseSettings) -> str | None:
+    """What a worker should hear when its frontier is on another machine (a fleet's
+    shared Redis) while its index or raw pages stay on this one (``MONGO_URI`` or
+    ``BLOB_STORE_URI`` unset: the embedded server, the local folder). Other machines'
+    workers and ``scrapy reparse`` elsewhere cannot read them, and a lost machine loses
+    them. Read before :func:`apply` pins the resolved locations."""
+    host = urlsplit(settings.get("REDIS_URL") or "").hostname
+    if not host or host == "localhost" or _loopback(host):
+        return None
+    local = {"MONGO_URI": "index", "BLOB_STORE_URI": "raw pages"}
+    unset = [name for name in local if not settings.get(name)]
+    if not unset:
+        return None
+    return (f"REDIS_URL is on {host}, a frontier other machines share, but "
+            f"{' and '.join(unset)} {'is' if len(unset) == 1 else 'are'} unset: this "
+            f"machine keeps its {' and '.join(local[n] for n in unset)} to itself, out of "
+            "reach of other machines' workers and `scrapy reparse`, and lost with it; set "
+            f"{' and '.join(unset)} to the fleet's servers")
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def apply(settings: BaseSettings, loc: Locations) -> None:
     """Pin resolved locations into ``settings`` so components do not resolve them again."""
     settings.set("REDIS_URL", loc.redis_url, priority="cmdline")

@@ -58,6 +58,7 @@ def prepare(settings: BaseSettings, spidercls: type | None, opts: argparse.Names
             print(f"webfarm: {name}: {exc}", file=sys.stderr)
             return 2
         checked = spider_settings(settings, spidercls)
+    fleet = config.fleet_warning(checked)
     try:
         loc = config.preflight(checked, name)
     except config.ConfigError as exc:
@@ -65,6 +66,8 @@ def prepare(settings: BaseSettings, spidercls: type | None, opts: argparse.Names
         if settings.get("LOG_FILE"):  # scrapyd: the job's log must say why, too
             logging.getLogger(__name__).error("webfarm: %s", exc)
         return 1
+    if fleet:
+        logging.getLogger(__name__).warning("webfarm: %s", fleet)
     config.apply(settings, loc)
     return 0
 
