@@ -83,17 +83,22 @@ def attach_source(item: Any, source: ItemSource) -> Any:
     return item
 
 
+def _known(item: Any) -> ItemSource | None:
+    """``item``'s page if :func:`attach_source` noted it (an id reused by another object
+    does not count), without forgetting it."""
+    entry = _SOURCES.get(id(item))
+    return entry[1] if entry is not None and entry[0] is item else None
+
+
 def has_source(item: Any) -> bool:
     """Whether ``item``'s page is known (:func:`attach_source`)."""
-    entry = _SOURCES.get(id(item))
-    return entry is not None and entry[0] is item
+    return _known(item) is not None
 
 
 def enter_chain(item: Any) -> None:
     """At the head of the item pipelines (``pipelines.chain``): remember ``item``'s page
     for this chain, for an item a pipeline makes anew (:func:`source_of` ``in_chain``)."""
-    entry = _SOURCES.get(id(item))
-    _CHAIN_SOURCE.set(entry[1] if entry is not None and entry[0] is item else None)
+    _CHAIN_SOURCE.set(_known(item))
 
 
 def source_of(item: Any, in_chain: bool = False) -> ItemSource | None:
