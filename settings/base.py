@@ -65,6 +65,11 @@ DOWNLOAD_MAXSIZE = 32 * 1024 * 1024
 DOWNLOAD_WARNSIZE = 8 * 1024 * 1024
 # Links followed from one page: its first anchors only (webfarm/links.py; 0: all).
 WEBFARM_MAX_LINKS_PER_PAGE = 10_000
+# Crawler traps (middlewares/traps.py): links found on pages whose path repeats a run of
+# segments more than this many times in a row (/a/a/a, /a/b/a/b/a/b), or that has more
+# segments than this, are not followed (as Heritrix's defaults; 0: no limit).
+WEBFARM_MAX_PATH_REPEATS = 2
+WEBFARM_MAX_PATH_SEGMENTS = 20
 COOKIES_ENABLED = False
 TELNETCONSOLE_ENABLED = False
 # Scrapy 2.19's remote-control HTTP endpoint runs code sent to it: off in a crawler fleet.
@@ -101,6 +106,7 @@ RETRY_ENABLED = True
 # guard, robots.txt, the frontier's retries and politeness without a word.
 # Items of spiders not based on WebfarmSpider (CrawlSpider, SitemapSpider) keep their page's URL.
 SPIDER_MIDDLEWARES_BASE = {**_scrapy.SPIDER_MIDDLEWARES_BASE,
+                           "middlewares.traps.PathTrapMiddleware": 810,
                            "middlewares.sources.ItemSourceMiddleware": 950}
 DOWNLOADER_MIDDLEWARES_BASE = {
     **_scrapy.DOWNLOADER_MIDDLEWARES_BASE,

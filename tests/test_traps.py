@@ -1,0 +1,105 @@
+"""Crawler traps end: links whose path repeats itself or runs too deep are not followed.
+
+A server that answers every path (a relative ``shop/`` link on each page gives
+``/shop/shop/shop/…``) made a crawl go on until URLLENGTH_LIMIT: hundreds of fetches per
+trap, each a new URL to the dupefilter.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from scrapy import Request
+from scrapy.exceptions import NotConfigured
+from scrapy.http import HtmlResponse
+from scrapy.utils.test import get_crawler
+
+from middlewares.traps import PathTrapMiddleware, path_segments, repeats_more_than
+from tests import crawlcheck, runner
+from tests.testweb import RequestInfo, Response
+
+BASE = "http://shop.test"
+
+
+@pytest.mark.parametrize(("path", "trap"), [
+    ("/a/a", False), ("/a/a/a", True), ("/shop/shop/shop/", True),
+    ("/a/b/a/b/a", False), ("/a/b/a/b/a/b", True), ("/x/a/b/c/a/b/c/a/b/c/y", True),
+    ("/2024/01/01/", False), ("/a/b/a/c/a/d", False), ("/a//a//a", True),
+    ("/", False), ("/p/1/p/2/p/3", False),
+])
+def test_a_path_is_a_trap_when_a_run_of_segments_comes_more_than_twice_in_a_row(path, trap):
+    assert repeats_more_than(path_segments(BASE + path + "?q=/a/a/a"), 2) is trap
+
+
+def middleware(**settings):
+    crawler = get_crawler(settings_dict=settings)
+    crawler.stats.open_spider()
+    return PathTrapMiddleware.from_crawler(crawler), crawler.stats
+
+
+def test_links_found_on_pages_are_dropped_counted_and_said_once_per_host(caplog):
+    mw, stats = middleware()
+    page = HtmlResponse(f"{BASE}/shop/shop/", body=b"")
+    links = [Request(f"{BASE}/shop/shop/shop/"), Request(f"{BASE}/shop/"),
+             Request(f"{BASE}/a/a/a/b/"), Request(BASE + "/d" * 21),
+             Request(BASE + "".join(f"/{i}" for i in range(20)))]
+    with caplog.at_level(logging.INFO, logger="middlewares.traps"):
+        kept = [mw.get_processed_request(r, page) for r in links]
+    assert [r.url if r else None for r in kept] == [
+        None, f"{BASE}/shop/", None, None, BASE + "".join(f"/{i}" for i in range(20))]
+    assert stats.get_value("webfarm/traps/repeated_path") == 2
+    assert stats.get_value("webfarm/traps/deep_path") == 1
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1, said  # one host: said once
+    assert said[0].startswith(f"Not following {BASE}/shop/shop/shop/, found on {BASE}/shop/shop/"
+                              ": path segments repeated more than 2 times in a row "
+                              "(WEBFARM_MAX_PATH_REPEATS), a crawler trap")
+    # A start request is the user's own: it goes, whatever its path.
+    start = Request(f"{BASE}/a/a/a/")
+    assert mw.get_processed_request(start, None) is start
+
+
+def test_each_rule_has_its_setting_and_0_turns_it_off():
+    deep = Request(BASE + "/d" * 8)
+    page = HtmlResponse(f"{BASE}/", body=b"")
+    strict, _ = middleware(WEBFARM_MAX_PATH_SEGMENTS=5, WEBFARM_MAX_PATH_REPEATS=0)
+    assert strict.get_processed_request(deep, page) is None
+    assert strict.get_processed_request(Request(f"{BASE}/a/a/a/a/"), page) is not None
+    lenient, _ = middleware(WEBFARM_MAX_PATH_REPEATS=8)
+    assert lenient.get_processed_request(deep, page) is deep  # 8 repeats of "d": allowed
+    with pytest.raises(NotConfigured):
+        middleware(WEBFARM_MAX_PATH_REPEATS=0, WEBFARM_MAX_PATH_SEGMENTS=0)
+
+
+def trap_page(info: RequestInfo) -> Response:
+    """Every path under /trap/ is the same page, linking a relative ``shop/``."""
+    return Response.html('<html><body><a href="shop/">shop</a></body></html>')
+
+
+def deep_page(info: RequestInfo) -> Response:
+    """/deep/1/2/…/k/ links ``k+1/``: no repeat, ever deeper."""
+    depth = len(path_segments(info.base_url + info.path))
+    return Response.html(f'<html><body><a href="{depth}/">next</a></body></html>')
+
+
+def test_a_crawl_into_two_traps_ends_after_a_few_pages(web, stores):
+    base = web.base_urls[0]
+    web.route("/trap/", trap_page, host=base)
+    web.route("/deep/", deep_page, host=base)
+    result = runner.scrapy(
+        ["crawl", "generic", "-a", f"start={base}/trap/,{base}/deep/",
+         "-s", "WEBFARM_MAX_PATH_SEGMENTS=6", "-s", "LOG_LEVEL=INFO"],
+        runner.env_for(**stores, WEBFARM_HOST_DELAY="0", WEBFARM_IDLE_TIMEOUT="2"),
+        timeout=120)
+    assert result.returncode == 0, result.output[-3000:]
+    fetched = sorted(h.path for h in web.hits if h.path.startswith(("/trap/", "/deep/")))
+    assert fetched == ["/deep/", "/deep/1/", "/deep/1/2/", "/deep/1/2/3/", "/deep/1/2/3/4/",
+                       "/deep/1/2/3/4/5/", "/trap/", "/trap/shop/", "/trap/shop/shop/"]
+    assert crawlcheck.stat(result.output, "webfarm/traps/repeated_path") == 1
+    assert crawlcheck.stat(result.output, "webfarm/traps/deep_path") == 1
+    assert result.output.count("a crawler trap; further such links") == 1  # one host
+    # The trap's copies are one content: stored once as a blob, the rest duplicates.
+    pages = crawlcheck.pages(stores)
+    copies = [pages[base + p] for p in ("/trap/", "/trap/shop/", "/trap/shop/shop/")]
+    assert len({p["content_hash"] for p in copies}) == 1
