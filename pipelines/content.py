@@ -94,7 +94,7 @@ class PageHasher:
             return await helper.run(fingerprint, *args)  # in a new helper; a second death fails
 
     async def ensure(self, page: PageItem) -> str | None:
-        if page.content_hash or page.not_modified:
+        if page.content_hash or page.not_modified or page.gone:
             return page.content_hash
         if page.hashing is not None:
             await asyncio.shield(page.hashing)
@@ -116,7 +116,7 @@ class PageHasher:
 
 class ContentHashPipeline:
     """Sets ``content_hash`` (and ``simhash`` when ``WEBFARM_NEARDUP`` is on) on every
-    :class:`PageItem`; a 304 (``not_modified``) page has no body and is not hashed."""
+    :class:`PageItem`; a 304 (``not_modified``) or ``gone`` page has no body to hash."""
 
     webfarm_stage = "hash"  # a storage pipeline (webfarm.reparsepipes leaves it out)
 

@@ -85,12 +85,14 @@ class IndexPipeline:
     async def process_item(self, item: Any) -> Any:
         if not isinstance(item, PageItem):
             return item
-        if not item.blob_key and not item.not_modified:
+        if not item.blob_key and not item.not_modified and not item.gone:
             raise ValueError("PageItem has no blob_key: enable BlobStorePipeline first")
         record = await self.batcher.submit(item)
         item.duplicate_of = record.duplicate_of or ""
         inc = self.stats.inc_value
-        if record.not_modified:
+        if record.gone:
+            inc("webfarm/index/gone")
+        elif record.not_modified:
             inc("webfarm/index/not_modified")
         inc("webfarm/index/pages_new" if record.new_page else "webfarm/index/pages_updated")
         if record.duplicate_of:

@@ -22,6 +22,8 @@ from scrapy.linkextractors import LinkExtractor
 from webfarm.config import whole_number
 from webfarm.items import ItemSource, PageItem, attach_source
 from webfarm.links import MAX_LINKS_PER_PAGE, extract_links
+from webfarm.recrawl import GONE_STATUSES
+from webfarm.recrawl import META_KEY as RECRAWL
 from webfarm.render import check_render_arguments
 from webfarm.urls import host_of
 
@@ -152,6 +154,8 @@ class WebfarmSpider(scrapy.Spider):
             etag=etag.decode("latin-1") if etag else None,
             last_modified=last_modified.decode("latin-1") if last_modified else None,
             not_modified=response.status == 304,
+            # Only a refetch lets a 404/410 through (a crawl's never reach the spider).
+            gone=response.status in GONE_STATUSES and RECRAWL in response.meta,
             fetch_method=("api" if "fetch-api" in response.flags  # webfarm.fetchapi.FLAG
                           else "browser" if "playwright" in response.flags else "http"),
         )
@@ -160,6 +164,8 @@ class WebfarmSpider(scrapy.Spider):
         self.pages_seen += 1
         page = self.page_item(response)
         yield page
+        if page.gone:  # its last content stays as stored: nothing to extract or follow
+            return
         if not page.not_modified:  # a 304 has no body to extract from
             yield from self.extracted(response, ItemSource(page.url, page=page))
         under_limit = not self.max_pages or self.pages_seen < self.max_pages

@@ -42,6 +42,7 @@ class ChangingSite:
     def __init__(self) -> None:
         self.version = 0
         self.not_modified: list[str] = []
+        self.gone: dict[str, int] = {}  # path -> the status it answers instead (404, 410)
         self.lock = threading.Lock()
 
     def change(self) -> None:
@@ -51,6 +52,10 @@ class ChangingSite:
     def __call__(self, info):
         with self.lock:
             version = self.version
+            gone = self.gone.get(info.path)
+        if gone:
+            return Response.html(f"<html><body><h1>Error {gone}</h1></body></html>", gone,
+                                 headers={"ETag": f'"error-{gone}"'})
         if info.path == "/fresh/":
             body = ('<html><body><h1>Fresh</h1><a href="/fresh/churn">churn</a> '
                     '<a href="/fresh/static">static</a></body></html>')
@@ -219,6 +224,50 @@ def test_continuous_recrawl_in_a_worker(web, site, env, mongo_uri, mongo_db_name
     assert "Traceback" not in text, text[-3000:]
     assert "Recrawl: " in text and "'webfarm/recrawl/rounds'" in text
     assert site.not_modified.count("/fresh/static") >= 2
+
+
+def test_a_refetch_that_finds_a_page_gone_marks_it_and_keeps_its_last_content(
+        web, site, env, mongo_uri, mongo_db_name, tmp_path):
+    """A stored page that now answers 404 or 410: before, Scrapy dropped the response
+    unseen, so the index went on calling the page current (no fetch counted, no sign of
+    it) and every recrawl round fetched it again at the old interval."""
+    base = web.base_urls[0]
+    db = pymongo.MongoClient(mongo_uri, tz_aware=True)[mongo_db_name]
+    urls = {name: f"{base}/fresh/{name}" for name in ("churn", "static")}
+    everything = [f"{base}/fresh/", *urls.values()]
+    log = tmp_path / "worker.log"
+    worker = runner.popen(["crawl", "generic", "-a", f"start={base}/fresh/"],
+                          {**env, "WEBFARM_IDLE_TIMEOUT": "0"}, log)
+    try:
+        wait_fetched(db, everything, 1, worker, log)
+        first = {name: page(db, url) for name, url in urls.items()}
+        site.gone.update({"/fresh/churn": 410, "/fresh/static": 404})
+        for n in (2, 3):  # two rounds: gone_at stays the first one's
+            ok(runner.scrapy(["recrawl", "generic", "--now", "+3600"], env, 60))
+            wait_fetched(db, everything, n, worker, log)
+        gone = {name: page(db, url) for name, url in urls.items()}
+        site.gone.clear()  # served again, unchanged: the next refetch's 304 says so
+        ok(runner.scrapy(["recrawl", "generic", "--now", "+3600"], env, 60))
+        wait_fetched(db, everything, 4, worker, log)
+        back = page(db, urls["static"])
+    finally:
+        stop(worker)
+    text = log.read_text()
+    assert "Traceback" not in text, text[-3000:]
+    for name, status in (("churn", 410), ("static", 404)):
+        doc, before = gone[name], first[name]
+        assert doc["last_status"] == status and doc["fetch_count"] == 3
+        assert before["fetched_at"] < doc["gone_at"] < doc["fetched_at"]  # the first round's
+        # The last content stays what the index, the blob store and re-parse hold.
+        for field in ("status", "content_hash", "blob_key", "etag", "last_modified"):
+            assert doc[field] == before[field], field
+        assert doc["change_count"] == 0
+        assert doc["next_fetch_at"] > doc["fetched_at"]
+    assert "gone_at" not in first["static"]
+    assert back["gone_at"] is None and back["last_status"] == 304
+    assert back["content_hash"] == first["static"]["content_hash"]
+    assert site.not_modified.count("/fresh/static") == 1
+    assert "'webfarm/index/gone': 4" in text, text[-3000:]
 
 
 def test_due_pages_most_overdue_first_and_queued_once(redis_url, mongo_uri, mongo_db_name):

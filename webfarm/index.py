@@ -117,6 +117,7 @@ class PageRecord:
     near_duplicate_of: str | None = None
     near_duplicate_distance: int | None = None
     not_modified: bool = False
+    gone: bool = False  # a refetch found the page gone (404/410); its last content is kept
 
 
 def utc(ts: float) -> dt.datetime:
@@ -226,7 +227,10 @@ class IndexStore:
                 records[i] = PageRecord(pid, False, False, False, b.get("duplicate_of"),
                                         b.get("near_duplicate_of"),
                                         b.get("near_duplicate_distance"),
-                                        bool(page.get("not_modified")))
+                                        bool(page.get("not_modified")), bool(page.get("gone")))
+                continue
+            if b is None and page.get("gone"):  # no stored page to mark (deleted meanwhile)
+                records[i] = PageRecord(pid, False, False, False, None, gone=True)
                 continue
             content = contents.get(page.get("content_hash") or "")
             op, record = self._page_op(page, pid, b, content, near.get(i), policy)
@@ -349,7 +353,9 @@ class IndexStore:
                  content: dict[str, Any] | None, near: tuple[str, int] | None,
                  policy: RefetchPolicy) -> tuple[WriteOp, PageRecord]:
         fetched = utc(page["fetched_at"])
-        not_modified = bool(page.get("not_modified")) and b is not None
+        gone = bool(page.get("gone")) and b is not None
+        # A 304 or a gone page has no new content: the stored one stays.
+        not_modified = (bool(page.get("not_modified")) or gone) and b is not None
         fields: dict[str, Any] = {
             "fetched_at": fetched,
             "fetch_id": page["fetch_id"],
@@ -360,14 +366,20 @@ class IndexStore:
         }
         if not_modified:  # a 304 need not repeat the validators: keep the stored ones
             for name in ("etag", "last_modified"):
-                fields[name] = fields[name] or b.get(name)
+                # A gone page's are its error page's: the stored content's stay, so the
+                # next refetch's 304 means that content is back.
+                fields[name] = b.get(name) if gone else fields[name] or b.get(name)
         if not_modified:
             changed = False
             fields["counts_pending"] = False
             duplicate_of = b.get("duplicate_of")
             record = PageRecord(pid, False, False, False, duplicate_of,
                                 b.get("near_duplicate_of"), b.get("near_duplicate_distance"),
-                                True)
+                                True, gone)
+            if gone:  # since when: the first refetch that found it gone
+                fields["gone_at"] = b.get("gone_at") or fetched
+            elif b.get("gone_at"):  # a 304 to a page found gone before: it is back
+                fields["gone_at"] = None
         else:
             changed = b is not None and b.get("content_hash") != page["content_hash"]
             first = (content or {}).get("first_page_id", pid)
@@ -389,6 +401,8 @@ class IndexStore:
             })
             if changed or b is None:
                 fields["last_changed_at"] = fetched
+            if b is not None and b.get("gone_at"):  # found gone before, served again
+                fields["gone_at"] = None
             moved = ((b or {}).get("content_hash") != page["content_hash"]
                      and not self._counted_by_insert(b, content, pid))
             fields["counts_pending"] = moved

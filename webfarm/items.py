@@ -48,6 +48,9 @@ class PageItem:
     last_modified: str | None = None
     # A 304 answer to a conditional request: no body to hash or store, the page is unchanged.
     not_modified: bool = False
+    # A stored page that a refetch found gone (404 or 410): its last content stays stored
+    # and indexed; the index notes since when it is gone (``gone_at``).
+    gone: bool = False
     # One id per fetch, so a retried index write is recognised and applied once.
     fetch_id: str = field(default_factory=_fetch_id, repr=False)
     # Filled by the pipelines.

@@ -53,6 +53,9 @@ logger = logging.getLogger(__name__)
 REQUEUE_AFTER = 600.0  # seconds: an enqueued, never-fetched page may be enqueued again
 MAX_PRIORITY = 100
 META_KEY = "webfarm_recrawl"
+# A refetch answered with one of these found the page gone: the spider records it (the index's
+# ``gone_at``) instead of Scrapy dropping the response unseen.
+GONE_STATUSES = (404, 410)
 _FIELDS = ("url", "next_fetch_at", "refetch_interval", "fetched_at", "etag", "last_modified",
            "recrawl_queued_at")
 
@@ -143,7 +146,8 @@ def refetch_request(page: DuePage) -> Request:
     if page.last_modified:
         headers["If-Modified-Since"] = page.last_modified
     return Request(page.url, headers=headers, priority=page.priority, dont_filter=True,
-                   meta={"handle_httpstatus_list": [304], META_KEY: round(page.ratio, 3)})
+                   meta={"handle_httpstatus_list": [304, *GONE_STATUSES],
+                         META_KEY: round(page.ratio, 3)})
 
 
 @dataclass
