@@ -9,7 +9,9 @@ whole interval late beats one a minute late whatever their intervals.
 
 A refetch is conditional: ``If-None-Match`` / ``If-Modified-Since`` from the validators the
 last response gave (``etag``, ``last_modified``), and ``handle_httpstatus_list`` lets a 304
-reach the spider, which records "fetched, unchanged" without downloading a body.
+reach the spider, which records "fetched, unchanged" without downloading a body; a 404
+or 410 reaches it too, and the index marks the page gone (``gone_at``), its last content
+kept.
 
 Each enqueued page is marked ``recrawl_queued_at``; until it is fetched (or its interval,
 at least :data:`REQUEUE_AFTER` seconds, has passed) it is not enqueued again, so rounds that
