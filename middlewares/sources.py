@@ -1,36 +1,83 @@
-"""Items of spiders not based on ``WebfarmSpider`` keep the URL of their page.
+"""Every page a spider's callback gets keeps its items' source; a WebfarmSpider's is stored.
 
-``WebfarmSpider`` tags each item it extracts with its page (:func:`webfarm.items.attach_source`),
-so the item store writes ``source_url`` and ``content_hash``, and keys a dict without a key of
-its own on its page. A plain Scrapy spider (``CrawlSpider``, ``SitemapSpider``,
-``scrapy.Spider``) does not: its items were stored with an empty ``source_url``, and such a
-dict, the item of ``scrapy genspider -t crawl``'s template, could not be stored at all. This
-middleware tags them with the response's URL. Their raw pages are still not kept
-(``content_hash`` stays empty): only ``WebfarmSpider`` stores pages, and re-parse needs its
-``extract()``.
+``WebfarmSpider.parse`` stores each page it gets (a :class:`PageItem`) and tags the items
+of ``extract()`` with it (:func:`webfarm.items.attach_source`), so the item store writes
+``source_url`` and ``content_hash``. Pages that reach another callback were neither
+stored nor tagged: a ``WebfarmSpider`` whose own ``parse`` overrides the base class's (the
+Scrapy habit), or a request with ``callback=self.parse_detail``. Their raw pages were
+lost without a word, and their items stored with an empty ``source_url``. Here such a
+page is stored as the base ``parse`` stores one, with the callback's name
+(``pages.callback``: ``scrapy reparse`` runs that callback on it, ``scrapy recrawl``
+sends its refetch there), and the callback's items are tagged with it. A refetch's 304,
+404 or 410 is recorded as the base ``parse`` records it, without calling the callback.
+
+A plain Scrapy spider (``CrawlSpider``, ``SitemapSpider``, ``scrapy.Spider``) stores no
+pages; its items are tagged with the response's URL (``content_hash`` stays empty), and
+a dict without a key of its own, the item of ``scrapy genspider -t crawl``'s template, is
+keyed on that page.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
+from scrapy import Request
 from scrapy.crawler import Crawler
-from scrapy.exceptions import NotConfigured
 from scrapy.http import Response
-from scrapy.spidermiddlewares.base import BaseSpiderMiddleware
 
 from webfarm.items import ItemSource, PageItem, attach_source, has_source
 
 
-class ItemSourceMiddleware(BaseSpiderMiddleware):
+def callback_name(spider: Any, response: Response) -> str | None:
+    """The name of the spider method that gets ``response`` when it is not the base class's
+    ``parse`` (which stores its page itself); None when it is, or when the callback is not
+    a method of the spider (a closure cannot be run again by re-parse)."""
+    request = response.request
+    callback = request.callback if request is not None else None
+    if callback is None:  # Scrapy calls spider.parse
+        name = "parse"
+        func = getattr(type(spider), "parse", None)
+    else:
+        name = getattr(callback, "__name__", "")
+        func = getattr(callback, "__func__", None)
+        if getattr(callback, "__self__", None) is not spider or func is None:
+            return None
+    base = getattr(type(spider), "webfarm_base_parse", None)  # the function, not bound
+    return None if func is base else name
+
+
+class ItemSourceMiddleware:
+    """Spider middleware; see the module docstring."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ItemSourceMiddleware:
-        if getattr(crawler.spider, "tags_item_sources", False):
-            raise NotConfigured  # a WebfarmSpider tags its own items: nothing to do per output
         return cls(crawler)
 
-    def get_processed_item(self, item: Any, response: Response | None) -> Any:
-        if response is not None and not isinstance(item, PageItem) and not has_source(item):
-            attach_source(item, ItemSource(response.url))
-            self.crawler.stats.inc_value("webfarm/items/tagged")
-        return item
+    async def process_spider_output(self, response: Response, result: AsyncIterator[Any]
+                                    ) -> AsyncIterator[Any]:
+        spider = self.crawler.spider
+        source: ItemSource | None = None
+        if isinstance(response, Response):
+            if getattr(spider, "tags_item_sources", False):  # a WebfarmSpider
+                name = callback_name(spider, response)
+                if name is not None:
+                    page = spider.page_item(response)
+                    page.callback = name
+                    self.crawler.stats.inc_value("webfarm/items/callback_pages")
+                    yield page
+                    if page.not_modified or page.gone:  # a refetch's 304, 404 or 410: no
+                        return  # body for the callback (a generator's code never runs)
+                    source = ItemSource(page.url, page=page)
+            else:
+                source = ItemSource(response.url)
+        async for output in result:
+            if (source is not None and not isinstance(output, (Request, PageItem))
+                    and output is not None and not has_source(output)):
+                attach_source(output, source)
+                if source.page is None:
+                    self.crawler.stats.inc_value("webfarm/items/tagged")
+            yield output

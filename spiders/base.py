@@ -172,6 +172,8 @@ class WebfarmSpider(scrapy.Spider):
         if self.follow_links and under_limit and isinstance(response, TextResponse):
             yield from self.follow(response)
 
+    webfarm_base_parse = parse  # pages sent to another callback: middlewares/sources.py
+
     def extract(self, response: Response) -> Iterable[Any]:
         """Structured items of a page; site spiders override this. Items go to the item
         store (see :mod:`webfarm.itemstore` for collections and keys); ``scrapy reparse``

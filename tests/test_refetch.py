@@ -124,6 +124,19 @@ def wait_fetched(db, urls, count, worker, log, timeout=60.0) -> None:
                 f"{log.read_text()[-3000:]}")
 
 
+def fresh_worker(web, env: dict, mongo_uri: str, mongo_db_name: str, tmp_path):
+    """A worker that crawls /fresh/ and stays up (WEBFARM_IDLE_TIMEOUT=0), fetching whatever
+    each recrawl round enqueues. Returns the index database, the churning and static
+    pages' URLs by name, every page's URL, the worker and its log's path."""
+    base = web.base_urls[0]
+    db = pymongo.MongoClient(mongo_uri, tz_aware=True)[mongo_db_name]
+    urls = {name: f"{base}/fresh/{name}" for name in ("churn", "static")}
+    log = tmp_path / "worker.log"
+    worker = runner.popen(["crawl", "generic", "-a", f"start={base}/fresh/"],
+                          {**env, "WEBFARM_IDLE_TIMEOUT": "0"}, log)
+    return db, urls, [f"{base}/fresh/", *urls.values()], worker, log
+
+
 def stop(proc) -> None:
     """Ctrl-C, as a user would stop a worker; killed if it does not stop in 30 s."""
     proc.send_signal(signal.SIGINT)
@@ -137,14 +150,8 @@ def stop(proc) -> None:
 def test_recrawl_rounds_adapt_intervals_and_send_conditional_requests(web, site, env,
                                                                      mongo_uri, mongo_db_name,
                                                                      tmp_path):
-    base = web.base_urls[0]
-    db = pymongo.MongoClient(mongo_uri, tz_aware=True)[mongo_db_name]
-    urls = {name: f"{base}/fresh/{name}" for name in ("churn", "static")}
-    everything = [f"{base}/fresh/", *urls.values()]
-    # One worker stays up (WEBFARM_IDLE_TIMEOUT=0) and fetches whatever each round enqueues.
-    log = tmp_path / "worker.log"
-    worker = runner.popen(["crawl", "generic", "-a", f"start={base}/fresh/"],
-                          {**env, "WEBFARM_IDLE_TIMEOUT": "0"}, log)
+    db, urls, everything, worker, log = fresh_worker(web, env, mongo_uri, mongo_db_name,
+                                                     tmp_path)
     try:
         wait_fetched(db, everything, 1, worker, log)
         first = {name: page(db, url) for name, url in urls.items()}
@@ -181,7 +188,7 @@ def test_recrawl_rounds_adapt_intervals_and_send_conditional_requests(web, site,
     assert site.not_modified.count("/fresh/static") == ROUNDS
     assert site.not_modified.count("/fresh/") == ROUNDS
     assert "/fresh/churn" not in site.not_modified
-    static_hits = web.hits_for(host=base, path="/fresh/static")
+    static_hits = web.hits_for(host=web.base_urls[0], path="/fresh/static")
     assert len(static_hits) == ROUNDS + 1
     assert all(h.headers.get("if-none-match") == first["static"]["etag"]
                and h.headers.get("if-modified-since") for h in static_hits[1:])
@@ -231,13 +238,8 @@ def test_a_refetch_that_finds_a_page_gone_marks_it_and_keeps_its_last_content(
     """A stored page that now answers 404 or 410: before, Scrapy dropped the response
     unseen, so the index went on calling the page current (no fetch counted, no sign of
     it) and every recrawl round fetched it again at the old interval."""
-    base = web.base_urls[0]
-    db = pymongo.MongoClient(mongo_uri, tz_aware=True)[mongo_db_name]
-    urls = {name: f"{base}/fresh/{name}" for name in ("churn", "static")}
-    everything = [f"{base}/fresh/", *urls.values()]
-    log = tmp_path / "worker.log"
-    worker = runner.popen(["crawl", "generic", "-a", f"start={base}/fresh/"],
-                          {**env, "WEBFARM_IDLE_TIMEOUT": "0"}, log)
+    db, urls, everything, worker, log = fresh_worker(web, env, mongo_uri, mongo_db_name,
+                                                     tmp_path)
     try:
         wait_fetched(db, everything, 1, worker, log)
         first = {name: page(db, url) for name, url in urls.items()}
@@ -308,8 +310,9 @@ def test_due_pages_most_overdue_first_and_queued_once(redis_url, mongo_uri, mong
     assert set(requests) == {"a", "b", "c"}
     assert requests["b"].headers.get("If-None-Match") == b'"v1"'
     assert requests["c"].headers.get("If-Modified-Since") == b"Mon, 01 Jan 2024 00:00:00 GMT"
-    assert all(r.dont_filter and r.meta["handle_httpstatus_list"] == [304]
-               for r in requests.values())
+    # 304: unchanged; 404/410: gone (both reach the spider, which records them)
+    assert all(r.dont_filter and r.meta["handle_httpstatus_list"] == [304, 404, 410]
+               and r.callback is None for r in requests.values())
 
 
 def test_one_recrawler_at_a_time(redis_url):

@@ -51,6 +51,9 @@ class PageItem:
     # A stored page that a refetch found gone (404 or 410): its last content stays stored
     # and indexed; the index notes since when it is gone (``gone_at``).
     gone: bool = False
+    # The spider method the page went to when not WebfarmSpider's own parse (a spider's
+    # parse of its own, a parse_detail): re-parse runs that one on it.
+    callback: str | None = None
     # One id per fetch, so a retried index write is recognised and applied once.
     fetch_id: str = field(default_factory=_fetch_id, repr=False)
     # Filled by the pipelines.

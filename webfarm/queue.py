@@ -7,6 +7,7 @@ agree on keys, delays and the dupefilter mode.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 from urllib.parse import urlsplit
 from weakref import WeakKeyDictionary
@@ -170,11 +171,15 @@ def request_dict(request: Request, spider: Spider | None) -> dict[str, Any]:
 
 
 def request_entry(request: Request, spider: Spider | None, fingerprinter: Any,
-                  fingerprint: bytes | None = None) -> Entry:
+                  fingerprint: bytes | None = None, callback: str | None = None) -> Entry:
     """A frontier entry for ``request``: politeness host, priority, fingerprint, JSON
-    (``fingerprint``: the request's, if the caller computed it already)."""
+    (``fingerprint``: the request's, if the caller computed it already; ``callback``: the
+    name of the spider method it goes to, for a caller without the spider: recrawl)."""
     _refuse_proxy_credentials(request)
-    payload = serialize.dumps(request_dict(request, spider))
+    data = request_dict(request, spider)
+    if callback:  # checked against the spider by the worker that decodes it
+        data["callback"] = callback
+    payload = serialize.dumps(data)
     return Entry(
         host=host_of(request.url),
         priority=int(request.priority),
@@ -228,3 +233,20 @@ def _is_callback(spider: Spider, func: Any, name: str) -> bool:
     """``func`` is a method of this spider instance, and not one of Scrapy's own machinery."""
     return (getattr(func, "__self__", None) is spider and name not in _SPIDER_INTERNALS
             and getattr(func, "__name__", name) not in _SPIDER_INTERNALS)
+
+
+def callback_for(spider: Spider, name: str) -> tuple[Any, str | None]:
+    """The spider's callback ``name`` to run on a stored page alone (re-parse), or None and
+    why not: no such callback, or one that needs arguments only a request's ``cb_kwargs``
+    gave (they are not stored with the page)."""
+    method = getattr(spider, name, None)
+    if method is None or not _is_callback(spider, method, name):
+        return None, "is no callback of the spider (renamed or removed?)"
+    try:
+        inspect.signature(method).bind(None)
+    except TypeError:
+        return None, ("takes arguments that only the crawl's cb_kwargs gave (not stored); "
+                      "give them defaults to re-parse these pages")
+    except ValueError:  # no signature to read: try it
+        pass
+    return method, None

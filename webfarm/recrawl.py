@@ -59,7 +59,7 @@ META_KEY = "webfarm_recrawl"
 # ``gone_at``) instead of Scrapy dropping the response unseen.
 GONE_STATUSES = (404, 410)
 _FIELDS = ("url", "next_fetch_at", "refetch_interval", "fetched_at", "etag", "last_modified",
-           "recrawl_queued_at")
+           "recrawl_queued_at", "callback")
 
 
 def utcnow() -> dt.datetime:
@@ -80,6 +80,7 @@ class DuePage:
     page_id: str = field(compare=False)
     etag: str | None = field(compare=False, default=None)
     last_modified: str | None = field(compare=False, default=None)
+    callback: str | None = field(compare=False, default=None)  # not the spider's parse
 
     @property
     def priority(self) -> int:
@@ -123,7 +124,7 @@ def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = Non
             interval = float(doc.get("refetch_interval") or 0.0)
             ratio = overdue / interval if interval > 0 else overdue
             yield DuePage(ratio, overdue, doc["url"], doc["_id"], doc.get("etag") or None,
-                          _http_date(doc.get("last_modified")))
+                          _http_date(doc.get("last_modified")), doc.get("callback"))
 
     if limit is None:
         found = sorted(candidates(), reverse=True)
@@ -182,7 +183,8 @@ class Recrawler:
         if dry_run or not due:
             return RoundResult(due, 0, skipped, dry_run)
         entries: list[Entry] = [
-            request_entry(refetch_request(p), self.spider_obj, self.fingerprinter) for p in due
+            request_entry(refetch_request(p), self.spider_obj, self.fingerprinter,
+                          callback=p.callback) for p in due
         ]
         enqueued = sum(self.frontier.push(entries))
         self.pages.update_many({"_id": {"$in": [p.page_id for p in due]}},

@@ -6,7 +6,8 @@ spider's ``pages`` from the index (optionally since a date and matching a URL
 regex), reads each body from the blob store (mirrors share one blob, read
 once), rebuilds the response (final URL, status, stored headers with the
 content type, encoding, the original request) and calls the spider's
-``extract`` (or, for a plain Scrapy spider, ``parse``). Requests it yields are
+``extract`` (or, for a plain Scrapy spider, ``parse``; for a page a WebfarmSpider stored
+for a callback of its own, ``pages.callback``, that one). Requests it yields are
 ignored; items go through the project's own item pipelines, those a crawl runs
 before the item store (:mod:`webfarm.reparsepipes`: cleaning, validation, DropItem),
 and are stored exactly as a crawl stores them
@@ -59,13 +60,14 @@ from webfarm.itemstore import (
     ItemStore,
     make_entry,
 )
+from webfarm.queue import callback_for
 from webfarm.reparsepipes import PipelineNeedsReactor, ProjectPipelines
 
 logger = logging.getLogger(__name__)
 R = TypeVar("R")
 
 _PROJECTION = ("url", "final_url", "status", "headers", "content_type", "encoding",
-               "content_hash", "blob_key", "fetched_at")
+               "content_hash", "blob_key", "fetched_at", "callback")
 
 
 @dataclass
@@ -215,6 +217,8 @@ class Reparser:
         self._hint: list[tuple[str, int]] | None = [("content_hash", 1)]  # the page cursor's
         callback = getattr(spider, "extract", None) or spider.parse
         self.callback: Callable[[Response], Iterable[Any] | None] = callback
+        # pages a WebfarmSpider stored for another callback (``pages.callback``): that one
+        self._callbacks: dict[str, Callable[[Response], Any] | None] = {}
 
     def run(self, since: dt.datetime | None = None, url_pattern: str | None = None,
             shard: tuple[int, int] | None = None) -> ReparseStats:
@@ -327,10 +331,14 @@ class Reparser:
             logger.error("reparse: skipped %s: blob %s is damaged (%s)", doc["url"],
                          doc["blob_key"], exc)
             return []
+        callback = self._callback_of(doc.get("callback"))
+        if callback is None:
+            stats.errors += 1
+            return []
         now = dt.datetime.now(dt.timezone.utc)
         entries: list[ItemEntry] = []
         try:
-            for output in self.callback(rebuild_response(doc, body)) or ():
+            for output in callback(rebuild_response(doc, body)) or ():
                 if isinstance(output, Request) or output is None:
                     continue
                 item = self._piped(output, doc["url"], stats)
@@ -348,6 +356,21 @@ class Reparser:
             stats.errors += 1
             logger.exception("reparse: %s failed on %s", self.spider.name, doc["url"])
         return entries
+
+    def _callback_of(self, name: str | None) -> Callable[[Response], Any] | None:
+        """What to run on a page: ``extract`` (or a plain spider's ``parse``), or the spider
+        method a WebfarmSpider's page went to in the crawl. None, said once per name, for a
+        name that is no callback of the spider or one that needs the crawl's ``cb_kwargs``
+        (they are not stored)."""
+        if not name:
+            return self.callback
+        if name not in self._callbacks:
+            method, why = callback_for(self.spider, name)
+            if why:
+                logger.error("reparse: skipping the pages stored for %s.%s, which %s",
+                             self.spider.name, name, why)
+            self._callbacks[name] = None if why else method
+        return self._callbacks[name]
 
     def _piped(self, item: Any, url: str, stats: ReparseStats) -> Any | None:
         """The item after the project's pipelines; None if one dropped it or failed on it

@@ -1,0 +1,47 @@
+"""WebfarmSpiders written the Scrapy way: callbacks of their own instead of ``extract()``.
+
+``test_detail_callback`` sends each product page to ``parse_product`` (its ``extract()``
+only follows a category's products); ``test_own_parse`` overrides ``parse`` itself. Their
+pages must be stored and their items tagged with them as the base class's ``parse`` does,
+and ``scrapy reparse`` must run those callbacks again (``-a variant=cents`` changes the
+extraction).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import scrapy
+from scrapy.http import Response
+
+from spiders.base import WebfarmSpider
+from tests.spiders.scrapy_spiders import ShopProduct, product
+
+
+class DetailCallbackSpider(WebfarmSpider):
+    name = "test_detail_callback"
+    follow_links = False  # the category pages' product links only, through extract()
+
+    def __init__(self, variant: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.variant = variant
+
+    def extract(self, response: Response) -> Iterator[Any]:
+        for href in response.css("li.product a::attr(href)").getall():
+            yield response.follow(href, callback=self.parse_product)
+
+    def parse_product(self, response: Response) -> Iterator[ShopProduct]:
+        for item in product(response):
+            yield ShopProduct(sku=item.sku, name=item.name.upper() if self.variant else item.name)
+
+
+class OwnParseSpider(WebfarmSpider):
+    name = "test_own_parse"
+
+    def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:
+        yield {"_collection": "titles", "_key": "url", "url": response.url,
+               "title": response.css("title::text").get()}
+        for href in response.css('nav a[href*="/category/"]::attr(href), '
+                                 'li.product a::attr(href)').getall():
+            yield scrapy.Request(response.urljoin(href), callback=self.parse)

@@ -1,0 +1,130 @@
+"""A WebfarmSpider's pages are stored whatever callback gets them, and re-parse runs it.
+
+Before, only the base class's ``parse`` stored a page: a spider that overrides ``parse``
+(the Scrapy habit) or sends product pages to ``callback=self.parse_product`` had those raw
+pages dropped without a word (nothing for re-parse), and their items stored with an empty
+``source_url`` and no ``content_hash``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pymongo
+import pytest
+import redis
+
+from tests import runner
+from tests.crawlcheck import frontier as frontier_of
+from tests.testweb import TestWeb
+from webfarm.urls import url_fingerprint
+
+SPIDERS = ["-s", "SPIDER_MODULES=spiders,tests.spiders"]
+SKUS = sorted(f"WF0{c}-000{p}" for c in (1, 2) for p in range(1, 6))
+
+
+@pytest.fixture(scope="module")
+def small_web():
+    """A small shop of its own (2 categories of 5 products) on 127.0.0.6."""
+    with TestWeb(hosts=("127.0.0.6",), categories=2, products_per_category=5) as web:
+        yield web
+
+
+def crawl(spider: str, start: str, stores: dict) -> str:
+    result = runner.scrapy(["crawl", spider, "-a", f"start={start}", *SPIDERS],
+                           runner.env_for(**stores), timeout=180)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "ERROR" not in result.output, result.output[-3000:]
+    return result.output
+
+
+def reparse(spider: str, stores: dict, *args: str, returncode: int = 0) -> str:
+    result = runner.scrapy(["reparse", spider, *args, *SPIDERS], runner.env_for(**stores),
+                           timeout=120)
+    assert result.returncode == returncode, result.output[-3000:]  # 1: some pages failed
+    return result.output
+
+
+def test_pages_sent_to_a_callback_of_the_spider_are_stored_and_re_parsed(small_web, stores):
+    base = small_web.base_urls[0]
+    crawl("test_detail_callback", f"{base}/category/garden,{base}/category/kitchen", stores)
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    products = {d["sku"]: d for d in db.scrapy_products.find()}
+    assert sorted(products) == SKUS
+    for sku, doc in products.items():
+        page = db.pages.find_one({"_id": url_fingerprint(f"{base}/product/{sku}")})
+        assert page is not None, sku  # the raw page is kept
+        assert page["callback"] == "parse_product" and page["blob_key"]
+        assert (doc["source_url"], doc["content_hash"]) == (page["url"], page["content_hash"])
+    category = db.pages.find_one({"_id": url_fingerprint(f"{base}/category/garden")})
+    assert "callback" not in category  # the base class's parse stored it
+    # Re-parse runs parse_product on the product pages (extract() on the others).
+    assert "10 items: 0 created, 0 changed, 10 unchanged" in reparse(
+        "test_detail_callback", stores)
+    out = reparse("test_detail_callback", stores, "-a", "variant=upper")
+    assert "10 items: 0 created, 10 changed, 0 unchanged" in out and "0 errors" in out
+    assert {d["name"] for d in db.scrapy_products.find()} == {
+        d["name"].upper() for d in products.values()}
+    db.client.close()
+
+
+def test_a_spider_s_own_parse_gets_its_pages_stored_and_its_items_tagged(small_web, stores):
+    base = small_web.base_urls[0]
+    crawl("test_own_parse", f"{base}/", stores)
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    titles = list(db.titles.find())
+    pages = {d["url"]: d for d in db.pages.find()}
+    assert len(titles) == 13 and set(pages) == {d["source_url"] for d in titles}  # 1+2+10
+    for doc in titles:
+        page = pages[doc["source_url"]]
+        assert page["callback"] == "parse" and doc["content_hash"] == page["content_hash"]
+    assert "13 items: 0 created, 0 changed, 13 unchanged" in reparse("test_own_parse", stores)
+    assert list(frontier_of(stores["REDIS_URL"], "test_own_parse").dead_letters()) == []
+    db.client.close()
+
+
+def test_re_parse_skips_pages_of_a_callback_it_cannot_run_alone_and_says_why(small_web,
+                                                                            stores):
+    base = small_web.base_urls[0]
+    crawl("test_detail_callback", f"{base}/category/garden", stores)
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    db.pages.update_many({"callback": "parse_product"}, {"$set": {"callback": "gone_method"}})
+    out = reparse("test_detail_callback", stores, returncode=1)
+    assert out.count("skipping the pages stored for test_detail_callback.gone_method, which "
+                     "is no callback of the spider (renamed or removed?)") == 1, out[-2000:]
+    assert "5 errors" in out
+    db.pages.update_many({"callback": "gone_method"}, {"$set": {"callback": "start"}})
+    out = reparse("test_detail_callback", stores, returncode=1)  # Scrapy's own: never run
+    assert "test_detail_callback.start, which is no callback" in out
+    db.client.close()
+
+
+def test_a_recrawl_sends_each_page_back_to_the_callback_that_stored_it(redis_url, mongo_uri,
+                                                                      mongo_db_name):
+    from scrapy.settings import Settings
+
+    from tests.spiders.callbacks import DetailCallbackSpider
+    from webfarm.queue import decode_request, open_frontier
+    from webfarm.recrawl import Recrawler
+    from webfarm.urls import RequestFingerprinter
+
+    db = pymongo.MongoClient(mongo_uri, tz_aware=True)[mongo_db_name]
+    now = dt.datetime.now(dt.timezone.utc)
+    for path, callback in (("/product/A", "parse_product"), ("/category/b", None)):
+        url = f"http://127.0.0.6:9{path}"
+        db.pages.insert_one({"_id": url_fingerprint(url), "url": url, "callback": callback,
+                             "spider": "test_detail_callback", "refetch_interval": 60.0,
+                             "next_fetch_at": now - dt.timedelta(seconds=60)})
+    settings = Settings({"DUPEFILTER_CLASS": "webfarm.dupefilter.BloomDupeFilter",
+                         "SCHEDULER_QUEUE_CLASS": "webfarm.frontier.Frontier",
+                         "WEBFARM_HOST_DELAY": 0})
+    frontier = open_frontier(settings, "test_detail_callback", redis.Redis.from_url(redis_url))
+    # `scrapy recrawl` has no spider object: the callback goes by name
+    assert Recrawler(db.pages, frontier, "test_detail_callback",
+                     RequestFingerprinter()).run(now).enqueued == 2
+    spider = DetailCallbackSpider(start="http://127.0.0.6:9/")
+    requests = {r.url.rsplit("/", 1)[1]: r for r in (
+        decode_request(frontier.pop("w1").payload, spider) for _ in range(2))}
+    assert requests["A"].callback == spider.parse_product
+    assert requests["b"].callback is None  # the spider's parse, as Scrapy calls it
+    db.client.close()
