@@ -3,8 +3,8 @@
 ``test_detail_callback`` sends each product page to ``parse_product`` (its ``extract()``
 only follows a category's products); ``test_own_parse`` overrides ``parse`` itself. Their
 pages must be stored and their items tagged with them as the base class's ``parse`` does,
-and ``scrapy reparse`` must run those callbacks again (``-a variant=cents`` changes the
-extraction).
+and ``scrapy reparse`` must run those callbacks again (``-a variant=upper`` changes the
+extraction: product names in capitals).
 """
 
 from __future__ import annotations
