@@ -9,7 +9,8 @@ lost without a word, and their items stored with an empty ``source_url``. Here s
 page is stored as the base ``parse`` stores one, with the callback's name
 (``pages.callback``: ``scrapy reparse`` runs that callback on it, ``scrapy recrawl``
 sends its refetch there), and the callback's items are tagged with it. A refetch's 304,
-404 or 410 is recorded as the base ``parse`` records it, without calling the callback.
+404 or 410 is recorded as the base ``parse`` records it, without calling the callback; a
+``parse`` of the spider's own that calls ``super().parse()`` gets its page stored once.
 
 A plain Scrapy spider (``CrawlSpider``, ``SitemapSpider``, ``scrapy.Spider``) stores no
 pages; its items are tagged with the response's URL (``content_hash`` stays empty), and
@@ -61,6 +62,7 @@ class ItemSourceMiddleware:
                                     ) -> AsyncIterator[Any]:
         spider = self.crawler.spider
         source: ItemSource | None = None
+        page: PageItem | None = None
         if isinstance(response, Response):
             if getattr(spider, "tags_item_sources", False):  # a WebfarmSpider
                 name = callback_name(spider, response)
@@ -75,6 +77,8 @@ class ItemSourceMiddleware:
             else:
                 source = ItemSource(response.url)
         async for output in result:
+            if page is not None and isinstance(output, PageItem) and output.url == page.url:
+                continue  # a parse of its own that calls super().parse(): stored once
             if (source is not None and not isinstance(output, (Request, PageItem))
                     and output is not None and not has_source(output)):
                 attach_source(output, source)

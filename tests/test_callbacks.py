@@ -68,18 +68,26 @@ def test_pages_sent_to_a_callback_of_the_spider_are_stored_and_re_parsed(small_w
     db.client.close()
 
 
-def test_a_spider_s_own_parse_gets_its_pages_stored_and_its_items_tagged(small_web, stores):
+@pytest.mark.parametrize("spider", ["test_own_parse", "test_extended_parse"])
+def test_a_spider_s_own_parse_gets_its_pages_stored_and_its_items_tagged(small_web, stores,
+                                                                         spider):
+    """Its own parse only, or one that calls super().parse() too: each page stored once."""
     base = small_web.base_urls[0]
-    crawl("test_own_parse", f"{base}/", stores)
+    crawl(spider, f"{base}/", stores)
     db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
     titles = list(db.titles.find())
     pages = {d["url"]: d for d in db.pages.find()}
-    assert len(titles) == 13 and set(pages) == {d["source_url"] for d in titles}  # 1+2+10
+    # home, 2 categories and 10 products; the base class's parse follows every link (26)
+    assert len(titles) == {"test_own_parse": 13, "test_extended_parse": 26}[spider]
+    assert set(pages) == {d["source_url"] for d in titles}
     for doc in titles:
         page = pages[doc["source_url"]]
         assert page["callback"] == "parse" and doc["content_hash"] == page["content_hash"]
-    assert "13 items: 0 created, 0 changed, 13 unchanged" in reparse("test_own_parse", stores)
-    assert list(frontier_of(stores["REDIS_URL"], "test_own_parse").dead_letters()) == []
+        assert page["fetch_count"] == 1
+    out = reparse(spider, stores)
+    assert f"{len(titles)} items: 0 created, 0 changed, {len(titles)} unchanged" in out
+    assert "0 errors" in out
+    assert list(frontier_of(stores["REDIS_URL"], spider).dead_letters()) == []
     db.client.close()
 
 

@@ -50,6 +50,7 @@ from webfarm import batching
 from webfarm.batching import RETRY_SECONDS, TRANSIENT
 from webfarm.blobstore import BlobDamaged, BlobMissing, BlobStore
 from webfarm.index import IndexStore
+from webfarm.items import PageItem
 from webfarm.itemstore import (
     CHANGED,
     CREATED,
@@ -339,8 +340,8 @@ class Reparser:
         entries: list[ItemEntry] = []
         try:
             for output in callback(rebuild_response(doc, body)) or ():
-                if isinstance(output, Request) or output is None:
-                    continue
+                if isinstance(output, (Request, PageItem)) or output is None:
+                    continue  # a callback calling super().parse() yields the page too
                 item = self._piped(output, doc["url"], stats)
                 if item is None:
                     continue

@@ -45,3 +45,14 @@ class OwnParseSpider(WebfarmSpider):
         for href in response.css('nav a[href*="/category/"]::attr(href), '
                                  'li.product a::attr(href)').getall():
             yield scrapy.Request(response.urljoin(href), callback=self.parse)
+
+
+class ExtendedParseSpider(WebfarmSpider):
+    """A parse of its own that keeps the base class's (pages, extract(), links) and adds to it."""
+
+    name = "test_extended_parse"
+
+    def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:
+        yield from super().parse(response, **kwargs)
+        yield {"_collection": "titles", "_key": "url", "url": response.url,
+               "title": response.css("title::text").get()}
