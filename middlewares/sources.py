@@ -7,10 +7,11 @@ stored nor tagged: a ``WebfarmSpider`` whose own ``parse`` overrides the base cl
 Scrapy habit), or a request with ``callback=self.parse_detail``. Their raw pages were
 lost without a word, and their items stored with an empty ``source_url``. Here such a
 page is stored as the base ``parse`` stores one, with the callback's name
-(``pages.callback``: ``scrapy reparse`` runs that callback on it, ``scrapy recrawl``
-sends its refetch there), and the callback's items are tagged with it. A refetch's 304,
-404 or 410 is recorded as the base ``parse`` records it, without calling the callback; a
-``parse`` of the spider's own that calls ``super().parse()`` gets its page stored once.
+(``pages.callback``) and the request's ``cb_kwargs`` (``pages.cb_kwargs``): ``scrapy
+reparse`` runs that callback on it with them, and ``scrapy recrawl`` sends its refetch
+there. The callback's items are tagged with the page. A refetch's 304, 404 or 410 is
+recorded as the base ``parse`` records it, without calling the callback; a ``parse`` of
+the spider's own that calls ``super().parse()`` gets its page stored once.
 
 A plain Scrapy spider (``CrawlSpider``, ``SitemapSpider``, ``scrapy.Spider``) stores no
 pages; its items are tagged with the response's URL (``content_hash`` stays empty), and
@@ -27,6 +28,7 @@ from scrapy import Request
 from scrapy.crawler import Crawler
 from scrapy.http import Response
 
+from webfarm import serialize
 from webfarm.items import ItemSource, PageItem, attach_source, has_source
 
 
@@ -46,6 +48,19 @@ def callback_name(spider: Any, response: Response) -> str | None:
             return None
     base = getattr(type(spider), "webfarm_base_parse", None)  # the function, not bound
     return None if func is base else name
+
+
+def stored_kwargs(response: Response) -> str | None:
+    """The request's ``cb_kwargs`` as JSON, kept with the page so re-parse can pass them
+    (an item handed on to the next page's callback); None when there are none. They came
+    through the frontier, so they serialise; one that does not is not kept."""
+    request = response.request
+    if request is None or not request.cb_kwargs:
+        return None
+    try:
+        return serialize.dumps_value(request.cb_kwargs)
+    except serialize.SerializationError:
+        return None
 
 
 class ItemSourceMiddleware:
@@ -69,6 +84,7 @@ class ItemSourceMiddleware:
                 if name is not None:
                     page = spider.page_item(response)
                     page.callback = name
+                    page.cb_kwargs = stored_kwargs(response)
                     self.crawler.stats.inc_value("webfarm/items/callback_pages")
                     yield page
                     if page.not_modified or page.gone:  # a refetch's 304, 404 or 410: no

@@ -91,6 +91,25 @@ def test_a_spider_s_own_parse_gets_its_pages_stored_and_its_items_tagged(small_w
     db.client.close()
 
 
+def test_an_item_handed_on_in_cb_kwargs_is_kept_with_the_page_for_re_parse(small_web, stores):
+    """Scrapy's way to build one item over two pages: re-parse gives the callback the
+    Listing the category page handed it in the crawl (kept as pages.cb_kwargs)."""
+    base = small_web.base_urls[0]
+    crawl("test_listing_callback", f"{base}/category/garden,{base}/category/kitchen", stores)
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    departments = {"1": "Garden", "2": "Kitchen"}
+    listings = list(db.listings.find())
+    assert sorted(d["sku"] for d in listings) == SKUS
+    assert all(d["department"] == departments[d["sku"][3]] for d in listings), listings
+    out = reparse("test_listing_callback", stores, "-a", "variant=upper")
+    assert "10 items: 0 created, 10 changed, 0 unchanged" in out and "0 errors" in out
+    again = {d["sku"]: d for d in db.listings.find()}
+    for doc in listings:  # the department came from the stored cb_kwargs
+        assert again[doc["sku"]]["department"] == doc["department"]
+        assert again[doc["sku"]]["name"] == doc["name"].upper()
+    db.client.close()
+
+
 def test_re_parse_skips_pages_of_a_callback_it_cannot_run_alone_and_says_why(small_web,
                                                                             stores):
     base = small_web.base_urls[0]
@@ -112,16 +131,21 @@ def test_a_recrawl_sends_each_page_back_to_the_callback_that_stored_it(redis_url
     from scrapy.settings import Settings
 
     from tests.spiders.callbacks import DetailCallbackSpider
+    from tests.spiders.scrapy_spiders import Listing
     from webfarm.queue import decode_request, open_frontier
     from webfarm.recrawl import Recrawler
+    from webfarm.serialize import dumps_value
     from webfarm.urls import RequestFingerprinter
 
     db = pymongo.MongoClient(mongo_uri, tz_aware=True)[mongo_db_name]
     now = dt.datetime.now(dt.timezone.utc)
-    for path, callback in (("/product/A", "parse_product"), ("/category/b", None)):
+    handed = {"listing": Listing(department="Garden")}
+    for path, callback, kwargs in (("/product/A", "parse_product", dumps_value(handed)),
+                                   ("/category/b", None, None)):
         url = f"http://127.0.0.6:9{path}"
         db.pages.insert_one({"_id": url_fingerprint(url), "url": url, "callback": callback,
-                             "spider": "test_detail_callback", "refetch_interval": 60.0,
+                             "cb_kwargs": kwargs, "spider": "test_detail_callback",
+                             "refetch_interval": 60.0,
                              "next_fetch_at": now - dt.timedelta(seconds=60)})
     settings = Settings({"DUPEFILTER_CLASS": "webfarm.dupefilter.BloomDupeFilter",
                          "SCHEDULER_QUEUE_CLASS": "webfarm.frontier.Frontier",
@@ -134,5 +158,6 @@ def test_a_recrawl_sends_each_page_back_to_the_callback_that_stored_it(redis_url
     requests = {r.url.rsplit("/", 1)[1]: r for r in (
         decode_request(frontier.pop("w1").payload, spider) for _ in range(2))}
     assert requests["A"].callback == spider.parse_product
+    assert requests["A"].cb_kwargs == handed  # an item again, as the crawl handed it on
     assert requests["b"].callback is None  # the spider's parse, as Scrapy calls it
     db.client.close()

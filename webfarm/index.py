@@ -404,9 +404,10 @@ class IndexStore:
             if b is not None and b.get("gone_at"):  # found gone before, served again
                 fields["gone_at"] = None
             if page.get("callback") or (b or {}).get("callback"):
-                # the spider method it went to, if not WebfarmSpider's parse: re-parse and
-                # recrawl send it there again (middlewares/sources.py)
+                # the spider method it went to, if not WebfarmSpider's parse, and its
+                # cb_kwargs: re-parse and recrawl send it there again (middlewares/sources.py)
                 fields["callback"] = page.get("callback")
+                fields["cb_kwargs"] = page.get("cb_kwargs")
             moved = ((b or {}).get("content_hash") != page["content_hash"]
                      and not self._counted_by_insert(b, content, pid))
             fields["counts_pending"] = moved

@@ -8,6 +8,7 @@ agree on keys, delays and the dupefilter mode.
 from __future__ import annotations
 
 import inspect
+import json
 from typing import Any
 from urllib.parse import urlsplit
 from weakref import WeakKeyDictionary
@@ -171,14 +172,18 @@ def request_dict(request: Request, spider: Spider | None) -> dict[str, Any]:
 
 
 def request_entry(request: Request, spider: Spider | None, fingerprinter: Any,
-                  fingerprint: bytes | None = None, callback: str | None = None) -> Entry:
+                  fingerprint: bytes | None = None, callback: str | None = None,
+                  cb_kwargs: str | None = None) -> Entry:
     """A frontier entry for ``request``: politeness host, priority, fingerprint, JSON
     (``fingerprint``: the request's, if the caller computed it already; ``callback``: the
-    name of the spider method it goes to, for a caller without the spider: recrawl)."""
+    name of the spider method it goes to, for a caller without the spider: recrawl, and
+    ``cb_kwargs`` as a page stored them, ``serialize.dumps_value``)."""
     _refuse_proxy_credentials(request)
     data = request_dict(request, spider)
     if callback:  # checked against the spider by the worker that decodes it
         data["callback"] = callback
+    if cb_kwargs:  # already in the queue's JSON forms, which encode to themselves
+        data["cb_kwargs"] = json.loads(cb_kwargs)
     payload = serialize.dumps(data)
     return Entry(
         host=host_of(request.url),
@@ -235,18 +240,19 @@ def _is_callback(spider: Spider, func: Any, name: str) -> bool:
             and getattr(func, "__name__", name) not in _SPIDER_INTERNALS)
 
 
-def callback_for(spider: Spider, name: str) -> tuple[Any, str | None]:
-    """The spider's callback ``name`` to run on a stored page alone (re-parse), or None and
-    why not: no such callback, or one that needs arguments only a request's ``cb_kwargs``
-    gave (they are not stored with the page)."""
+def callback_for(spider: Spider, name: str, kwargs: dict[str, Any]
+                 ) -> tuple[Any, str | None]:
+    """The spider's callback ``name`` to run on a stored page with ``kwargs`` (its request's
+    stored ``cb_kwargs``; re-parse), or None and why not: no such callback, or arguments
+    that do not fit it (a page stored before cb_kwargs were kept, or a changed callback)."""
     method = getattr(spider, name, None)
     if method is None or not _is_callback(spider, method, name):
         return None, "is no callback of the spider (renamed or removed?)"
     try:
-        inspect.signature(method).bind(None)
-    except TypeError:
-        return None, ("takes arguments that only the crawl's cb_kwargs gave (not stored); "
-                      "give them defaults to re-parse these pages")
+        inspect.signature(method).bind(None, **kwargs)
+    except TypeError as exc:
+        return None, (f"does not take the stored cb_kwargs {sorted(kwargs)} ({exc}); give "
+                      "its arguments defaults to re-parse these pages")
     except ValueError:  # no signature to read: try it
         pass
     return method, None

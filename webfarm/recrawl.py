@@ -59,7 +59,7 @@ META_KEY = "webfarm_recrawl"
 # ``gone_at``) instead of Scrapy dropping the response unseen.
 GONE_STATUSES = (404, 410)
 _FIELDS = ("url", "next_fetch_at", "refetch_interval", "fetched_at", "etag", "last_modified",
-           "recrawl_queued_at", "callback")
+           "recrawl_queued_at", "callback", "cb_kwargs")
 
 
 def utcnow() -> dt.datetime:
@@ -81,6 +81,7 @@ class DuePage:
     etag: str | None = field(compare=False, default=None)
     last_modified: str | None = field(compare=False, default=None)
     callback: str | None = field(compare=False, default=None)  # not the spider's parse
+    cb_kwargs: str | None = field(compare=False, default=None)  # its request's, as JSON
 
     @property
     def priority(self) -> int:
@@ -124,7 +125,8 @@ def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = Non
             interval = float(doc.get("refetch_interval") or 0.0)
             ratio = overdue / interval if interval > 0 else overdue
             yield DuePage(ratio, overdue, doc["url"], doc["_id"], doc.get("etag") or None,
-                          _http_date(doc.get("last_modified")), doc.get("callback"))
+                          _http_date(doc.get("last_modified")), doc.get("callback"),
+                          doc.get("cb_kwargs"))
 
     if limit is None:
         found = sorted(candidates(), reverse=True)
@@ -184,7 +186,7 @@ class Recrawler:
             return RoundResult(due, 0, skipped, dry_run)
         entries: list[Entry] = [
             request_entry(refetch_request(p), self.spider_obj, self.fingerprinter,
-                          callback=p.callback) for p in due
+                          callback=p.callback, cb_kwargs=p.cb_kwargs) for p in due
         ]
         enqueued = sum(self.frontier.push(entries))
         self.pages.update_many({"_id": {"$in": [p.page_id for p in due]}},

@@ -31,6 +31,7 @@ is counted and logged, and its page skipped: it never passes for an empty page.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import itertools
 import logging
 import re
@@ -46,7 +47,7 @@ from scrapy import Request, Spider
 from scrapy.http import Headers, Response, TextResponse
 from scrapy.responsetypes import responsetypes
 
-from webfarm import batching
+from webfarm import batching, serialize
 from webfarm.batching import RETRY_SECONDS, TRANSIENT
 from webfarm.blobstore import BlobDamaged, BlobMissing, BlobStore
 from webfarm.index import IndexStore
@@ -68,7 +69,7 @@ logger = logging.getLogger(__name__)
 R = TypeVar("R")
 
 _PROJECTION = ("url", "final_url", "status", "headers", "content_type", "encoding",
-               "content_hash", "blob_key", "fetched_at", "callback")
+               "content_hash", "blob_key", "fetched_at", "callback", "cb_kwargs")
 
 
 @dataclass
@@ -219,7 +220,7 @@ class Reparser:
         callback = getattr(spider, "extract", None) or spider.parse
         self.callback: Callable[[Response], Iterable[Any] | None] = callback
         # pages a WebfarmSpider stored for another callback (``pages.callback``): that one
-        self._callbacks: dict[str, Callable[[Response], Any] | None] = {}
+        self._callbacks: dict[tuple[str, tuple[str, ...]], Callable[..., Any] | None] = {}
 
     def run(self, since: dt.datetime | None = None, url_pattern: str | None = None,
             shard: tuple[int, int] | None = None) -> ReparseStats:
@@ -332,7 +333,7 @@ class Reparser:
             logger.error("reparse: skipped %s: blob %s is damaged (%s)", doc["url"],
                          doc["blob_key"], exc)
             return []
-        callback = self._callback_of(doc.get("callback"))
+        callback = self._callback_of(doc)
         if callback is None:
             stats.errors += 1
             return []
@@ -358,20 +359,28 @@ class Reparser:
             logger.exception("reparse: %s failed on %s", self.spider.name, doc["url"])
         return entries
 
-    def _callback_of(self, name: str | None) -> Callable[[Response], Any] | None:
+    def _callback_of(self, doc: dict[str, Any]) -> Callable[[Response], Any] | None:
         """What to run on a page: ``extract`` (or a plain spider's ``parse``), or the spider
-        method a WebfarmSpider's page went to in the crawl. None, said once per name, for a
-        name that is no callback of the spider or one that needs the crawl's ``cb_kwargs``
-        (they are not stored)."""
+        method a WebfarmSpider's page went to in the crawl, with the request's stored
+        ``cb_kwargs``. None, said once per name, for a name that is no callback of the
+        spider or one whose arguments the stored ``cb_kwargs`` do not give."""
+        name = doc.get("callback")
         if not name:
             return self.callback
-        if name not in self._callbacks:
-            method, why = callback_for(self.spider, name)
+        try:
+            kwargs = serialize.loads_value(doc["cb_kwargs"]) if doc.get("cb_kwargs") else {}
+        except serialize.SerializationError as exc:
+            logger.error("reparse: skipped %s: its stored cb_kwargs: %s", doc["url"], exc)
+            return None
+        key = (name, tuple(sorted(kwargs)))
+        if key not in self._callbacks:
+            method, why = callback_for(self.spider, name, kwargs)
             if why:
                 logger.error("reparse: skipping the pages stored for %s.%s, which %s",
                              self.spider.name, name, why)
-            self._callbacks[name] = None if why else method
-        return self._callbacks[name]
+            self._callbacks[key] = None if why else method
+        method = self._callbacks[key]
+        return None if method is None else functools.partial(method, **kwargs)
 
     def _piped(self, item: Any, url: str, stats: ReparseStats) -> Any | None:
         """The item after the project's pipelines; None if one dropped it or failed on it

@@ -202,6 +202,20 @@ def dumps(request_dict: dict[str, Any]) -> str:
     return json.dumps(_encode(scrub(request_dict)), separators=(",", ":"), sort_keys=True)
 
 
+def dumps_value(value: Any) -> str:
+    """One value (a request's ``cb_kwargs``, kept with its page for re-parse) as JSON, in
+    the forms :func:`dumps` allows (bytes, items, page methods); SerializationError else."""
+    return json.dumps(_encode(value), separators=(",", ":"), sort_keys=True)
+
+
+def loads_value(data: str) -> Any:
+    """What :func:`dumps_value` wrote (an item only of a class already loaded)."""
+    try:
+        return _decode(json.loads(data))
+    except (ValueError, TypeError) as exc:
+        raise SerializationError(f"not a stored value: {exc}") from None
+
+
 def loads(data: str | bytes) -> dict[str, Any]:
     """Parse a queued entry back into a dict for ``request_from_dict``.
 

@@ -10,13 +10,14 @@ extraction: product names in capitals).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import scrapy
 from scrapy.http import Response
 
 from spiders.base import WebfarmSpider
-from tests.spiders.scrapy_spiders import ShopProduct, product
+from tests.spiders.scrapy_spiders import Listing, ShopProduct, product
 
 
 class DetailCallbackSpider(WebfarmSpider):
@@ -56,3 +57,26 @@ class ExtendedParseSpider(WebfarmSpider):
         yield from super().parse(response, **kwargs)
         yield {"_collection": "titles", "_key": "url", "url": response.url,
                "title": response.css("title::text").get()}
+
+
+class ListingCallbackSpider(WebfarmSpider):
+    """Scrapy's item built over two pages: a category page starts a ``Listing`` and hands it
+    to each of its product pages in ``cb_kwargs``; ``parse_product`` fills it in."""
+
+    name = "test_listing_callback"
+    follow_links = False
+
+    def __init__(self, variant: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.variant = variant
+
+    def extract(self, response: Response) -> Iterator[Any]:
+        listing = Listing(department=response.css("h1::text").get() or "")
+        for href in response.css("li.product a::attr(href)").getall():
+            yield response.follow(href, callback=self.parse_product,
+                                  cb_kwargs={"listing": replace(listing)})
+
+    def parse_product(self, response: Response, listing: Listing) -> Iterator[Listing]:
+        for found in product(response):
+            yield replace(listing, sku=found.sku,
+                          name=found.name.upper() if self.variant else found.name)
