@@ -9,6 +9,7 @@ pages dropped without a word (nothing for re-parse), and their items stored with
 from __future__ import annotations
 
 import datetime as dt
+import logging
 
 import pymongo
 import pytest
@@ -127,7 +128,7 @@ def test_re_parse_skips_pages_of_a_callback_it_cannot_run_alone_and_says_why(sma
 
 
 def test_a_recrawl_sends_each_page_back_to_the_callback_that_stored_it(redis_url, mongo_uri,
-                                                                      mongo_db_name):
+                                                                      mongo_db_name, caplog):
     from scrapy.settings import Settings
 
     from tests.spiders.callbacks import DetailCallbackSpider
@@ -141,7 +142,8 @@ def test_a_recrawl_sends_each_page_back_to_the_callback_that_stored_it(redis_url
     now = dt.datetime.now(dt.timezone.utc)
     handed = {"listing": Listing(department="Garden")}
     for path, callback, kwargs in (("/product/A", "parse_product", dumps_value(handed)),
-                                   ("/category/b", None, None)):
+                                   ("/category/b", None, None),
+                                   ("/product/damaged", "parse_product", "{not json")):
         url = f"http://127.0.0.6:9{path}"
         db.pages.insert_one({"_id": url_fingerprint(url), "url": url, "callback": callback,
                              "cb_kwargs": kwargs, "spider": "test_detail_callback",
@@ -152,8 +154,11 @@ def test_a_recrawl_sends_each_page_back_to_the_callback_that_stored_it(redis_url
                          "WEBFARM_HOST_DELAY": 0})
     frontier = open_frontier(settings, "test_detail_callback", redis.Redis.from_url(redis_url))
     # `scrapy recrawl` has no spider object: the callback goes by name
-    assert Recrawler(db.pages, frontier, "test_detail_callback",
-                     RequestFingerprinter()).run(now).enqueued == 2
+    with caplog.at_level(logging.ERROR, logger="webfarm.recrawl"):
+        assert Recrawler(db.pages, frontier, "test_detail_callback",
+                         RequestFingerprinter()).run(now).enqueued == 2
+    assert "cannot refetch http://127.0.0.6:9/product/damaged: its stored cb_kwargs are " \
+        "not JSON" in caplog.text  # a damaged page document stops no other
     spider = DetailCallbackSpider(start="http://127.0.0.6:9/")
     requests = {r.url.rsplit("/", 1)[1]: r for r in (
         decode_request(frontier.pop("w1").payload, spider) for _ in range(2))}

@@ -183,7 +183,11 @@ def request_entry(request: Request, spider: Spider | None, fingerprinter: Any,
     if callback:  # checked against the spider by the worker that decodes it
         data["callback"] = callback
     if cb_kwargs:  # already in the queue's JSON forms, which encode to themselves
-        data["cb_kwargs"] = json.loads(cb_kwargs)
+        try:
+            data["cb_kwargs"] = json.loads(cb_kwargs)
+        except ValueError as exc:
+            raise serialize.SerializationError(f"its stored cb_kwargs are not JSON: {exc}"
+                                               ) from None
     payload = serialize.dumps(data)
     return Entry(
         host=host_of(request.url),

@@ -49,6 +49,7 @@ from webfarm import config
 from webfarm.frontier import Entry, Frontier, key_prefix
 from webfarm.queue import open_frontier, request_entry
 from webfarm.redisconn import redis_client
+from webfarm.serialize import SerializationError
 
 logger = logging.getLogger(__name__)
 
@@ -184,10 +185,15 @@ class Recrawler:
         due, skipped = due_pages(self.pages, self.spider, now or wall, limit, wall)
         if dry_run or not due:
             return RoundResult(due, 0, skipped, dry_run)
-        entries: list[Entry] = [
-            request_entry(refetch_request(p), self.spider_obj, self.fingerprinter,
-                          callback=p.callback, cb_kwargs=p.cb_kwargs) for p in due
-        ]
+        entries: list[Entry] = []
+        for p in list(due):
+            try:
+                entries.append(request_entry(refetch_request(p), self.spider_obj,
+                                             self.fingerprinter, callback=p.callback,
+                                             cb_kwargs=p.cb_kwargs))
+            except SerializationError as exc:  # a damaged page document: the others go
+                logger.error("Recrawl: cannot refetch %s: %s", p.url, exc)
+                due.remove(p)
         enqueued = sum(self.frontier.push(entries))
         self.pages.update_many({"_id": {"$in": [p.page_id for p in due]}},
                                {"$set": {"recrawl_queued_at": wall}})
