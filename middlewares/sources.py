@@ -87,7 +87,7 @@ class ItemSourceMiddleware:
                     page.cb_kwargs = stored_kwargs(response)
                     self.crawler.stats.inc_value("webfarm/items/callback_pages")
                     yield page
-                    if page.not_modified or page.gone:  # a refetch's 304, 404 or 410: no
+                    if page.keeps_stored_content:  # a refetch's 304, 404 or 410: no
                         return  # body for the callback (a generator's code never runs)
                     source = ItemSource(page.url, page=page)
             else:

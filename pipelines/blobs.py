@@ -117,7 +117,7 @@ class BlobStorePipeline:
         return digest in self.recent
 
     async def process_item(self, item: Any) -> Any:
-        if not isinstance(item, PageItem) or item.not_modified or item.gone:
+        if not isinstance(item, PageItem) or item.keeps_stored_content:
             return item
         if not item.content_hash:
             raise ValueError("PageItem has no content_hash: enable ContentHashPipeline first")

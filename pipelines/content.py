@@ -94,7 +94,7 @@ class PageHasher:
             return await helper.run(fingerprint, *args)  # in a new helper; a second death fails
 
     async def ensure(self, page: PageItem) -> str | None:
-        if page.content_hash or page.not_modified or page.gone:
+        if page.content_hash or page.keeps_stored_content:
             return page.content_hash
         if page.hashing is not None:
             await asyncio.shield(page.hashing)

@@ -85,7 +85,7 @@ class IndexPipeline:
     async def process_item(self, item: Any) -> Any:
         if not isinstance(item, PageItem):
             return item
-        if not item.blob_key and not item.not_modified and not item.gone:
+        if not item.blob_key and not item.keeps_stored_content:
             raise ValueError("PageItem has no blob_key: enable BlobStorePipeline first")
         record = await self.batcher.submit(item)
         item.duplicate_of = record.duplicate_of or ""

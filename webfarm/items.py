@@ -68,6 +68,11 @@ class PageItem:
     # Set while a pipeline computes the hash, so others await it instead of hashing again.
     hashing: asyncio.Future | None = field(default=None, repr=False, compare=False)
 
+    @property
+    def keeps_stored_content(self) -> bool:
+        """A refetch's 304 or 404/410: no body to hash or store; the stored content stays."""
+        return self.not_modified or self.gone
+
 
 @dataclass(frozen=True)
 class ItemSource:
