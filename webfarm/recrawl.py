@@ -186,14 +186,17 @@ class Recrawler:
         if dry_run or not due:
             return RoundResult(due, 0, skipped, dry_run)
         entries: list[Entry] = []
-        for p in list(due):
+        queued: list[DuePage] = []
+        for p in due:
             try:
                 entries.append(request_entry(refetch_request(p), self.spider_obj,
                                              self.fingerprinter, callback=p.callback,
                                              cb_kwargs=p.cb_kwargs))
             except SerializationError as exc:  # a damaged page document: the others go
                 logger.error("Recrawl: cannot refetch %s: %s", p.url, exc)
-                due.remove(p)
+                continue
+            queued.append(p)
+        due = queued
         enqueued = sum(self.frontier.push(entries))
         self.pages.update_many({"_id": {"$in": [p.page_id for p in due]}},
                                {"$set": {"recrawl_queued_at": wall}})
