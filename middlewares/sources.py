@@ -13,6 +13,12 @@ there. The callback's items are tagged with the page. A refetch's 304, 404 or 41
 recorded as the base ``parse`` records it, without calling the callback; a ``parse`` of
 the spider's own that calls ``super().parse()`` gets its page stored once.
 
+Such pages count toward the spider's ``max_pages`` too, and once the worker has stored
+that many, the requests any callback yields (``extract()``'s, a callback's own) are
+dropped, counted as ``webfarm/links/max_pages``: before, only the base ``parse``'s link
+following stopped, so ``-a max_pages=`` did not bound a spider that follows its pages
+the Scrapy way.
+
 A plain Scrapy spider (``CrawlSpider``, ``SitemapSpider``, ``scrapy.Spider``) stores no
 pages; its items are tagged with the response's URL (``content_hash`` stays empty), and
 a dict without a key of its own, the item of ``scrapy genspider -t crawl``'s template, is
@@ -68,6 +74,8 @@ class ItemSourceMiddleware:
 
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
+        assert crawler.stats is not None
+        self.stats = crawler.stats
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ItemSourceMiddleware:
@@ -78,14 +86,17 @@ class ItemSourceMiddleware:
         spider = self.crawler.spider
         source: ItemSource | None = None
         page: PageItem | None = None
+        limited = False  # a WebfarmSpider with max_pages
         if isinstance(response, Response):
             if getattr(spider, "tags_item_sources", False):  # a WebfarmSpider
+                limited = bool(spider.max_pages)
                 name = callback_name(spider, response)
                 if name is not None:
                     page = spider.page_item(response)
                     page.callback = name
                     page.cb_kwargs = stored_kwargs(response)
-                    self.crawler.stats.inc_value("webfarm/items/callback_pages")
+                    spider.count_page(response)
+                    self.stats.inc_value("webfarm/items/callback_pages")
                     yield page
                     if page.keeps_stored_content:  # a refetch's 304, 404 or 410: no
                         return  # body for the callback (a generator's code never runs)
@@ -95,9 +106,12 @@ class ItemSourceMiddleware:
         async for output in result:
             if page is not None and isinstance(output, PageItem) and output.url == page.url:
                 continue  # a parse of its own that calls super().parse(): stored once
+            if limited and isinstance(output, Request) and not spider.under_page_limit:
+                self.stats.inc_value("webfarm/links/max_pages")
+                continue
             if (source is not None and not isinstance(output, (Request, PageItem))
                     and output is not None and not has_source(output)):
                 attach_source(output, source)
                 if source.page is None:
-                    self.crawler.stats.inc_value("webfarm/items/tagged")
+                    self.stats.inc_value("webfarm/items/tagged")
             yield output

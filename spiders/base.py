@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any, Self
 from urllib.parse import urlsplit
@@ -61,7 +62,8 @@ class WebfarmSpider(scrapy.Spider):
     Spider arguments (``-a name=value``): ``start`` (comma-separated URLs; or
     ``start_urls``), ``domains`` (comma-separated hosts, ``host`` or ``host:port``;
     or ``allowed_domains``; default: the start URLs' hosts) and ``max_pages`` (stop
-    following links after this worker stored that many pages; 0 = no limit).
+    following links after this worker stored that many pages, whichever callback got
+    them; 0 = no limit).
     """
 
     name = ""
@@ -86,6 +88,7 @@ class WebfarmSpider(scrapy.Spider):
         self.allowed_domains = sorted({urlsplit(f"//{h}").hostname or h for h in self.hosts})
         self.max_pages = args["max_pages"]
         self.pages_seen = 0
+        self._counted: weakref.WeakSet[Response] = weakref.WeakSet()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler, *args: Any, **kwargs: Any) -> Self:
@@ -160,16 +163,32 @@ class WebfarmSpider(scrapy.Spider):
                           else "browser" if "playwright" in response.flags else "http"),
         )
 
-    def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:
+    def count_page(self, response: Response) -> None:
+        """Count ``response``'s page toward ``max_pages``, once: the base ``parse`` and
+        middlewares.sources (a page sent to a callback of the spider's own) both store
+        pages, and a ``parse`` of its own that calls ``super().parse()`` goes through both."""
+        if response in self._counted:
+            return
+        self._counted.add(response)
         self.pages_seen += 1
+        if self.pages_seen == self.max_pages:
+            logger.info("Stored max_pages=%d pages: the links of pages from now on are not "
+                        "followed (requests already queued are still fetched)", self.max_pages)
+
+    @property
+    def under_page_limit(self) -> bool:
+        """Are links still followed (fewer than ``max_pages`` pages stored, or no limit)?"""
+        return not self.max_pages or self.pages_seen < self.max_pages
+
+    def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:
+        self.count_page(response)
         page = self.page_item(response)
         yield page
         if page.gone:  # its last content stays as stored: nothing to extract or follow
             return
         if not page.not_modified:  # a 304 has no body to extract from
             yield from self.extracted(response, ItemSource(page.url, page=page))
-        under_limit = not self.max_pages or self.pages_seen < self.max_pages
-        if self.follow_links and under_limit and isinstance(response, TextResponse):
+        if self.follow_links and self.under_page_limit and isinstance(response, TextResponse):
             yield from self.follow(response)
 
     webfarm_base_parse = parse  # pages sent to another callback: middlewares/sources.py

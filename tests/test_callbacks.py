@@ -31,8 +31,8 @@ def small_web():
         yield web
 
 
-def crawl(spider: str, start: str, stores: dict) -> str:
-    result = runner.scrapy(["crawl", spider, "-a", f"start={start}", *SPIDERS],
+def crawl(spider: str, start: str, stores: dict, *args: str) -> str:
+    result = runner.scrapy(["crawl", spider, "-a", f"start={start}", *args, *SPIDERS],
                            runner.env_for(**stores), timeout=180)
     assert result.returncode == 0, result.output[-3000:]
     assert "ERROR" not in result.output, result.output[-3000:]
@@ -89,6 +89,37 @@ def test_a_spider_s_own_parse_gets_its_pages_stored_and_its_items_tagged(small_w
     assert f"{len(titles)} items: 0 created, 0 changed, {len(titles)} unchanged" in out
     assert "0 errors" in out
     assert list(frontier_of(stores["REDIS_URL"], spider).dead_letters()) == []
+    db.client.close()
+
+
+@pytest.mark.parametrize(("spider", "start", "dropped"), [
+    ("test_own_parse", "/", 2),  # its parse follows the home page's 2 categories
+    ("test_detail_callback", "/category/garden", 5),  # extract() follows 5 products
+])
+def test_max_pages_bounds_a_spider_that_follows_pages_through_its_own_callbacks(
+        small_web, stores, spider, start, dropped):
+    """Before, only the base class's parse stopped following links at max_pages: these two
+    crawled the whole shop (13 and 6 pages) with -a max_pages=1."""
+    base = small_web.base_urls[0]
+    out = crawl(spider, f"{base}{start}", stores, "-a", "max_pages=1")
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    assert [d["url"] for d in db.pages.find()] == [f"{base}{start}"]
+    assert "Stored max_pages=1 pages: the links of pages from now on are not followed" in out
+    assert f"'webfarm/links/max_pages': {dropped}," in out
+    db.client.close()
+
+
+def test_a_page_its_own_parse_and_the_base_parse_both_see_counts_once_toward_max_pages(
+        small_web, stores):
+    """With max_pages=2 the home page's links are followed (1 page stored, not 2), and the
+    pages they lead to are stored but their links are not."""
+    base = small_web.base_urls[0]
+    crawl("test_extended_parse", f"{base}/", stores, "-a", "max_pages=2")
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    stored = sorted(d["url"].removeprefix(base) for d in db.pages.find())
+    # the home page and its 5 links; counted twice, it alone would be stored
+    assert stored == ["/", "/about", "/category/garden", "/category/kitchen",
+                      "/product/WF01-0001", "/product/WF02-0001"]
     db.client.close()
 
 
