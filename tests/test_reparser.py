@@ -30,7 +30,8 @@ from webfarm.batching import StorageUnavailable
 from webfarm.blobstore import FileBlobStore, blob_key
 from webfarm.index import IndexStore
 from webfarm.itemstore import _CREATED_HERE, ItemStore, _before_batch, item_hash, make_entry
-from webfarm.reparse import Reparser, shard_range
+from webfarm.reparse import Reparser
+from webfarm.reparsepages import shard_range
 from webfarm.reparsepipes import PipelineNeedsReactor, ProjectPipelines
 from webfarm.urls import url_fingerprint
 

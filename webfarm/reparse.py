@@ -16,7 +16,8 @@ with the page's stored URL and content hash, and counted as created, changed
 or unchanged. No Scrapy engine or downloader is ever built.
 
 Pages come in content-hash order (mirrors together: one read a body); bodies are read
-ahead, ``WEBFARM_BLOB_CONCURRENCY`` at once, and items are written by a thread of their
+ahead, ``WEBFARM_BLOB_CONCURRENCY`` at once (:mod:`webfarm.reparsepages`, the reading
+half), and items are written by a thread of their
 own while the next pages are parsed. ``--shard K/N`` takes a slice of the hash space;
 ``--dry-run`` previews the outcomes and writes nothing.
 
@@ -34,18 +35,15 @@ import datetime as dt
 import functools
 import itertools
 import logging
-import re
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pymongo.errors import ConnectionFailure, CursorNotFound, OperationFailure
+from pymongo.errors import ConnectionFailure, OperationFailure
 from scrapy import Request, Spider
-from scrapy.http import Headers, Response, TextResponse
-from scrapy.responsetypes import responsetypes
+from scrapy.http import Response
 
 from webfarm import batching, serialize
 from webfarm.batching import RETRY_SECONDS, TRANSIENT
@@ -63,14 +61,11 @@ from webfarm.itemstore import (
     make_entry,
 )
 from webfarm.queue import callback_for
+from webfarm.reparsepages import PageReader, page_query, rebuild_response
 from webfarm.reparsepipes import PipelineNeedsReactor, ProjectPipelines
 
 logger = logging.getLogger(__name__)
 R = TypeVar("R")
-
-_PROJECTION = ("url", "final_url", "status", "headers", "content_type", "encoding",
-               "content_hash", "blob_key", "fetched_at", "callback", "cb_kwargs")
-
 
 @dataclass
 class ReparseStats:
@@ -98,50 +93,6 @@ class ReparseStats:
                 f"{self.missing_blobs} missing blobs, {self.damaged_blobs} damaged; "
                 f"{self.retries} store retries; {self.seconds:.1f}s "
                 f"({rate:.0f} pages/s)")
-
-
-def shard_range(shard: tuple[int, int]) -> dict[str, str]:
-    """The content hashes of shard ``k`` of ``n`` (0 <= k < n): a slice of the hex space,
-    cut on the first 8 digits, so ``n`` re-parse processes share the pages without
-    talking to each other, each on its own range of the content-hash index."""
-    k, n = shard
-    if not 0 <= k < n:
-        raise ValueError(f"shard {k}/{n}: use K/N with 0 <= K < N")
-    bounds = {"$gte": f"{k * 2**32 // n:08x}"}
-    if k + 1 < n:
-        bounds["$lt"] = f"{(k + 1) * 2**32 // n:08x}"
-    return bounds
-
-
-def page_query(spider: str, since: dt.datetime | None = None,
-               url_pattern: str | None = None, shard: tuple[int, int] | None = None
-               ) -> dict[str, Any]:
-    """The ``pages`` filter: this spider's stored pages with a blob (in one shard)."""
-    query: dict[str, Any] = {"spider": spider, "blob_key": {"$type": "string"},
-                             "content_hash": {"$type": "string",
-                                              **(shard_range(shard) if shard else {})}}
-    if since is not None:
-        query["fetched_at"] = {"$gte": since}
-    if url_pattern:
-        re.compile(url_pattern)  # a bad pattern fails here, with re's message
-        query["url"] = {"$regex": url_pattern}
-    return query
-
-
-def rebuild_response(doc: dict[str, Any], body: bytes) -> Response:
-    """The response a spider callback saw at crawl time, from a ``pages`` document."""
-    headers = Headers(doc.get("headers") or {})
-    if doc.get("content_type"):
-        headers[b"Content-Type"] = doc["content_type"]
-    headers.pop(b"Content-Encoding", None)  # the stored body is the decoded one
-    headers.pop(b"Content-Length", None)
-    url = doc.get("final_url") or doc["url"]
-    cls = responsetypes.from_args(headers=headers, url=url, body=body)
-    kwargs: dict[str, Any] = {}
-    if issubclass(cls, TextResponse) and doc.get("encoding"):
-        kwargs["encoding"] = doc["encoding"]
-    return cls(url=url, status=int(doc.get("status") or 200), headers=headers, body=body,
-               request=Request(doc["url"]), flags=["reparse"], **kwargs)
 
 
 def describe_change(entry: ItemEntry, stored: dict[str, Any] | None, width: int = 60) -> str:
@@ -215,8 +166,6 @@ class Reparser:
         self._written: dict[tuple[str, str], str] = {}
         self._shown = 0
         self.stats = ReparseStats()
-        self._reread: tuple[str, bytes] | None = None  # the last body read again, by key
-        self._hint: list[tuple[str, int]] | None = [("content_hash", 1)]  # the page cursor's
         callback = getattr(spider, "extract", None) or spider.parse
         self.callback: Callable[[Response], Iterable[Any] | None] = callback
         # pages a WebfarmSpider stored for another callback (``pages.callback``): that one
@@ -229,12 +178,15 @@ class Reparser:
         self._index = Outage("reading pages from MongoDB", self.retry_seconds, stats)
         self._blobs = Outage(f"reading blobs from {self.blobs.uri}", self.retry_seconds, stats)
         self._items = Outage("writing items to MongoDB", self.retry_seconds, stats)
+        hint: list[tuple[str, int]] | None = [("content_hash", 1)]  # the page cursor's
         try:  # the content_hash index the page cursor runs on (a crawl creates it at start)
             self._index.call(self.index.ensure_indexes, (ConnectionFailure,))
         except OperationFailure:  # a read-only user may still preview, on the indexes there
             if not self.dry_run:
                 raise
-            self._hint = None  # which may be none (never crawled): no hint then
+            hint = None  # which may be none (never crawled): no hint then
+        self._reader = PageReader(self.index, self.blobs, self._index, self._blobs.call,
+                                  self.page_batch, self.blob_reads, hint)
         if self.pipelines is not None:
             self.pipelines.open()
         pending: list[ItemEntry] = []
@@ -242,8 +194,8 @@ class Reparser:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="reparse-items")
         self._writing: Future[list[str]] | None = None
         try:
-            pages = self._pages(page_query(self.spider.name, since, url_pattern, shard))
-            for doc, read in self._read_ahead(pages, pool):
+            pages = self._reader.pages(page_query(self.spider.name, since, url_pattern, shard))
+            for doc, read in self._reader.read_ahead(pages, pool):
                 stats.pages += 1
                 pending += self._page(doc, read, stats)
                 if len(pending) >= self.batch_size:
@@ -260,70 +212,10 @@ class Reparser:
                 self.pipelines.close()
         return stats
 
-    def _pages(self, query: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """The ``pages`` documents in content-hash order, on its index: the pages that share
-        a body come together, so it is read once (mirrors, URL variants), and a cursor lost
-        to an outage is opened again at the last hash read, skipping the pages of that hash
-        already done: no page is skipped or read twice."""
-        last: str | None = None
-        done: set[Any] = set()  # _ids of the pages read with hash ``last``
-        while True:
-            where = query if last is None else {
-                **query, "content_hash": {**query["content_hash"], "$gte": last}}
-            try:
-                with self.index.pages.find(where, dict.fromkeys(_PROJECTION, 1),
-                                           sort=[("content_hash", 1)],
-                                           hint=self._hint,
-                                           batch_size=self.page_batch) as cursor:
-                    for doc in cursor:
-                        self._index.ended()
-                        if doc["content_hash"] != last:
-                            last, done = doc["content_hash"], set()
-                        elif doc["_id"] in done:
-                            continue
-                        done.add(doc["_id"])
-                        yield doc
-                return
-            except ConnectionFailure as exc:  # only the cursor's: a yield raises nothing
-                self._index.failed(exc)
-            except CursorNotFound:  # the server dropped it, idle for 10 min (a long outage)
-                logger.info("reparse: the page cursor timed out on the server; reopened")
-
-    def _read_ahead(self, docs: Iterator[dict[str, Any]], pool: ThreadPoolExecutor
-                    ) -> Iterator[tuple[dict[str, Any], Future[bytes]]]:
-        """Each page with the read of its body, started up to ``2 * blob_reads`` pages
-        ahead, ``blob_reads`` at once: an S3 read is a round trip, and one at a time a
-        20 ms endpoint gave 75 pages/s (bench/bench_reparse.py). The pages that share a
-        body come together (content-hash order) and share one read; the window bounds
-        the bodies held in memory."""
-        window: deque[tuple[dict[str, Any], Future[bytes]]] = deque()
-        key: str | None = None
-        read: Future[bytes] | None = None
-        for doc in docs:
-            if read is None or doc["blob_key"] != key:
-                key = doc["blob_key"]
-                read = pool.submit(self.blobs.get, key)
-            window.append((doc, read))
-            if len(window) > 2 * self.blob_reads:
-                yield window.popleft()
-        yield from window
-
-    def _body(self, key: str, read: Future[bytes]) -> bytes:
-        """The body a read ahead got. One that failed for now (an outage, a blip) is read
-        again here, where an outage is waited out; a missing or damaged blob raises."""
-        if self._reread is not None and self._reread[0] == key:
-            return self._reread[1]
-        try:
-            return read.result()
-        except TRANSIENT:
-            body = self._blobs.call(lambda: self.blobs.get(key))
-            self._reread = (key, body)
-            return body
-
     def _page(self, doc: dict[str, Any], read: Future[bytes], stats: ReparseStats
               ) -> list[ItemEntry]:
         try:
-            body = self._body(doc["blob_key"], read)
+            body = self._reader.body(doc["blob_key"], read)
         except BlobMissing as exc:  # one lost blob must not stop the others
             stats.missing_blobs += 1
             logger.error("reparse: skipped %s: %s", doc["url"], exc)

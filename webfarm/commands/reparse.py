@@ -28,7 +28,8 @@ from webfarm.blobstore import open_blob_store
 from webfarm.commands._common import BAD_CONFIG, CommandError, report, spider_class
 from webfarm.index import IndexStore
 from webfarm.itemstore import ItemStore, index_fields
-from webfarm.reparse import Reparser, ReparseStats, shard_range
+from webfarm.reparse import Reparser, ReparseStats
+from webfarm.reparsepages import shard_range
 from webfarm.reparsepipes import PipelineNeedsReactor, ProjectPipelines
 
 logger = logging.getLogger("webfarm.reparse")

@@ -1,0 +1,155 @@
+"""The reading half of ``scrapy reparse``: which stored pages, their bodies, their responses.
+
+:func:`page_query` picks a spider's stored pages (since a date, matching a URL regex, in
+one ``--shard``); :class:`PageReader` walks them in content-hash order and reads their
+bodies ahead from the blob store, outages waited out; :func:`rebuild_response` gives a
+callback the response it saw at crawl time. What is done with a page (the callback, the
+project's pipelines, the item store) is :mod:`webfarm.reparse`'s.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from pymongo.errors import ConnectionFailure, CursorNotFound
+from scrapy import Request
+from scrapy.http import Headers, Response, TextResponse
+from scrapy.responsetypes import responsetypes
+
+from webfarm import batching
+from webfarm.batching import TRANSIENT
+from webfarm.blobstore import BlobStore
+from webfarm.index import IndexStore
+
+logger = logging.getLogger(__name__)
+
+PROJECTION = ("url", "final_url", "status", "headers", "content_type", "encoding",
+              "content_hash", "blob_key", "fetched_at", "callback", "cb_kwargs")
+
+
+def shard_range(shard: tuple[int, int]) -> dict[str, str]:
+    """The content hashes of shard ``k`` of ``n`` (0 <= k < n): a slice of the hex space,
+    cut on the first 8 digits, so ``n`` re-parse processes share the pages without
+    talking to each other, each on its own range of the content-hash index."""
+    k, n = shard
+    if not 0 <= k < n:
+        raise ValueError(f"shard {k}/{n}: use K/N with 0 <= K < N")
+    bounds = {"$gte": f"{k * 2**32 // n:08x}"}
+    if k + 1 < n:
+        bounds["$lt"] = f"{(k + 1) * 2**32 // n:08x}"
+    return bounds
+
+
+def page_query(spider: str, since: dt.datetime | None = None,
+               url_pattern: str | None = None, shard: tuple[int, int] | None = None
+               ) -> dict[str, Any]:
+    """The ``pages`` filter: this spider's stored pages with a blob (in one shard)."""
+    query: dict[str, Any] = {"spider": spider, "blob_key": {"$type": "string"},
+                             "content_hash": {"$type": "string",
+                                              **(shard_range(shard) if shard else {})}}
+    if since is not None:
+        query["fetched_at"] = {"$gte": since}
+    if url_pattern:
+        re.compile(url_pattern)  # a bad pattern fails here, with re's message
+        query["url"] = {"$regex": url_pattern}
+    return query
+
+
+def rebuild_response(doc: dict[str, Any], body: bytes) -> Response:
+    """The response a spider callback saw at crawl time, from a ``pages`` document."""
+    headers = Headers(doc.get("headers") or {})
+    if doc.get("content_type"):
+        headers[b"Content-Type"] = doc["content_type"]
+    headers.pop(b"Content-Encoding", None)  # the stored body is the decoded one
+    headers.pop(b"Content-Length", None)
+    url = doc.get("final_url") or doc["url"]
+    cls = responsetypes.from_args(headers=headers, url=url, body=body)
+    kwargs: dict[str, Any] = {}
+    if issubclass(cls, TextResponse) and doc.get("encoding"):
+        kwargs["encoding"] = doc["encoding"]
+    return cls(url=url, status=int(doc.get("status") or 200), headers=headers, body=body,
+               request=Request(doc["url"]), flags=["reparse"], **kwargs)
+
+
+class PageReader:
+    """Stored pages and their bodies, for one run. ``index_outage`` is told of each
+    failure and success of the page cursor; ``retry_read`` runs a blob read again until
+    it succeeds (re-parse's outage wait), or raises past its limit."""
+
+    def __init__(self, index: IndexStore, blobs: BlobStore, index_outage: batching.Outage,
+                 retry_read: Callable[[Callable[[], bytes]], bytes], page_batch: int = 500,
+                 blob_reads: int = 8, hint: list[tuple[str, int]] | None = None) -> None:
+        self.index = index
+        self.blobs = blobs
+        self.index_outage = index_outage
+        self.retry_read = retry_read
+        self.page_batch = page_batch
+        self.blob_reads = max(1, blob_reads)  # at once, WEBFARM_BLOB_CONCURRENCY
+        self.hint = hint  # the content_hash index, when it could be made sure of
+        self._reread: tuple[str, bytes] | None = None  # the last body read again, by key
+
+    def pages(self, query: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """The ``pages`` documents in content-hash order, on its index: the pages that share
+        a body come together, so it is read once (mirrors, URL variants), and a cursor lost
+        to an outage is opened again at the last hash read, skipping the pages of that hash
+        already done: no page is skipped or read twice."""
+        last: str | None = None
+        done: set[Any] = set()  # _ids of the pages read with hash ``last``
+        while True:
+            where = query if last is None else {
+                **query, "content_hash": {**query["content_hash"], "$gte": last}}
+            try:
+                with self.index.pages.find(where, dict.fromkeys(PROJECTION, 1),
+                                           sort=[("content_hash", 1)],
+                                           hint=self.hint,
+                                           batch_size=self.page_batch) as cursor:
+                    for doc in cursor:
+                        self.index_outage.ended()
+                        if doc["content_hash"] != last:
+                            last, done = doc["content_hash"], set()
+                        elif doc["_id"] in done:
+                            continue
+                        done.add(doc["_id"])
+                        yield doc
+                return
+            except ConnectionFailure as exc:  # only the cursor's: a yield raises nothing
+                self.index_outage.failed(exc)
+            except CursorNotFound:  # the server dropped it, idle for 10 min (a long outage)
+                logger.info("reparse: the page cursor timed out on the server; reopened")
+
+    def read_ahead(self, docs: Iterator[dict[str, Any]], pool: ThreadPoolExecutor
+                   ) -> Iterator[tuple[dict[str, Any], Future[bytes]]]:
+        """Each page with the read of its body, started up to ``2 * blob_reads`` pages
+        ahead, ``blob_reads`` at once: an S3 read is a round trip, and one at a time a
+        20 ms endpoint gave 75 pages/s (bench/bench_reparse.py). The pages that share a
+        body come together (content-hash order) and share one read; the window bounds
+        the bodies held in memory."""
+        window: deque[tuple[dict[str, Any], Future[bytes]]] = deque()
+        key: str | None = None
+        read: Future[bytes] | None = None
+        for doc in docs:
+            if read is None or doc["blob_key"] != key:
+                key = doc["blob_key"]
+                read = pool.submit(self.blobs.get, key)
+            window.append((doc, read))
+            if len(window) > 2 * self.blob_reads:
+                yield window.popleft()
+        yield from window
+
+    def body(self, key: str, read: Future[bytes]) -> bytes:
+        """The body a read ahead got. One that failed for now (an outage, a blip) is read
+        again here, where an outage is waited out; a missing or damaged blob raises."""
+        if self._reread is not None and self._reread[0] == key:
+            return self._reread[1]
+        try:
+            return read.result()
+        except TRANSIENT:
+            body = self.retry_read(lambda: self.blobs.get(key))
+            self._reread = (key, body)
+            return body
