@@ -27,6 +27,7 @@ keyed on that page.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -36,6 +37,14 @@ from scrapy.http import Response
 
 from webfarm import serialize
 from webfarm.items import ItemSource, PageItem, attach_source, has_source
+
+logger = logging.getLogger(__name__)
+
+#: The most of a request's ``cb_kwargs`` (as JSON, characters) kept with its page. A page
+#: document must stay far below MongoDB's 16 MiB (its headers are bounded alike,
+#: webfarm.index.HEADER_BYTES_KEPT): one over it was refused, and its write retried as a
+#: storage outage until the request was dead-lettered.
+KWARGS_KEPT = 256 * 1024
 
 
 def callback_name(spider: Any, response: Response) -> str | None:
@@ -76,6 +85,7 @@ class ItemSourceMiddleware:
         self.crawler = crawler
         assert crawler.stats is not None
         self.stats = crawler.stats
+        self._said_large: set[str] = set()  # callbacks whose too large cb_kwargs were logged
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ItemSourceMiddleware:
@@ -94,7 +104,7 @@ class ItemSourceMiddleware:
                 if name is not None:
                     page = spider.page_item(response)
                     page.callback = name
-                    page.cb_kwargs = stored_kwargs(response)
+                    page.cb_kwargs = self._kept(name, stored_kwargs(response), page.url)
                     spider.count_page(response)
                     self.stats.inc_value("webfarm/items/callback_pages")
                     yield page
@@ -115,3 +125,18 @@ class ItemSourceMiddleware:
                 if source.page is None:
                     self.stats.inc_value("webfarm/items/tagged")
             yield output
+
+    def _kept(self, callback: str, kwargs: str | None, url: str) -> str | None:
+        """``kwargs`` if small enough to keep with the page; else None, said once per
+        callback: re-parse cannot give that callback those arguments."""
+        if kwargs is None or len(kwargs) <= KWARGS_KEPT:
+            return kwargs
+        self.stats.inc_value("webfarm/items/cb_kwargs_too_large")
+        if callback not in self._said_large:
+            self._said_large.add(callback)
+            logger.warning("The cb_kwargs of the request for %s are %d characters as JSON; "
+                           "over %d they are not kept with the page, so `scrapy reparse` "
+                           "cannot run %s on it. Hand the callback an id or a URL, not a "
+                           "page's content (logged once per callback)", url, len(kwargs),
+                           KWARGS_KEPT, callback)
+        return None

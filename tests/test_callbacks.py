@@ -123,6 +123,39 @@ def test_a_page_its_own_parse_and_the_base_parse_both_see_counts_once_toward_max
     db.client.close()
 
 
+def test_cb_kwargs_too_large_to_keep_leave_the_page_stored_and_its_refetch_dead_lettered(
+        small_web, stores):
+    """Before, a page whose request had 17 MB of cb_kwargs was not stored: MongoDB refused
+    its document (over 16 MiB), the write was retried as a storage outage
+    (WEBFARM_STORAGE_RETRY_SECONDS, five times) and the request dead-lettered as
+    'StorageUnavailable', its page logged whole in the error."""
+    base = small_web.base_urls[0]
+    out = crawl("test_big_cb_kwargs", f"{base}/category/garden", stores,
+                "-a", "size=17000000", "-s", "WEBFARM_STORAGE_RETRY_SECONDS=2")
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    products = [d for d in db.pages.find() if "/product/" in d["url"]]
+    assert len(products) == 2 and all(d["callback"] == "parse_product" for d in products)
+    assert all(d.get("cb_kwargs") is None and d["blob_key"] for d in products)
+    assert db.scrapy_products.count_documents({}) == 2
+    assert out.count("characters as JSON; over 262144 they are not kept with the page") == 1
+    assert "'webfarm/items/cb_kwargs_too_large': 2," in out and "xxxxxxxxxx" not in out
+    # A refetch cannot give parse_product its argument: dead-lettered before it is fetched,
+    # with what to do (before: fetched, then a TypeError traceback from the callback).
+    env = runner.env_for(**stores)
+    due = runner.scrapy(["recrawl", "test_big_cb_kwargs", "--now", "+200000", *SPIDERS], env,
+                        timeout=60)
+    assert "3 enqueued of 3 due" in due.output, due.output[-2000:]
+    again = runner.scrapy(["crawl", "test_big_cb_kwargs", "-a", "size=0", *SPIDERS], env,
+                          timeout=120)
+    assert again.returncode == 0 and "Spider error" not in again.output, again.output[-3000:]
+    letters = frontier_of(stores["REDIS_URL"], "test_big_cb_kwargs").dead_letters()
+    assert len(letters) == 2 and all(letter["reason"].startswith(
+        "malformed frontier entry: callback 'parse_product' does not take the request's "
+        "cb_kwargs [] (missing a required argument: 'listing_html')") and letter["reason"]
+        .endswith("then `scrapy dlq test_big_cb_kwargs --requeue`") for letter in letters)
+    db.client.close()
+
+
 def test_an_item_handed_on_in_cb_kwargs_is_kept_with_the_page_for_re_parse(small_web, stores):
     """Scrapy's way to build one item over two pages: re-parse gives the callback the
     Listing the category page handed it in the crawl (kept as pages.cb_kwargs)."""
@@ -162,7 +195,7 @@ def test_a_recrawl_sends_each_page_back_to_the_callback_that_stored_it(redis_url
                                                                       mongo_db_name, caplog):
     from scrapy.settings import Settings
 
-    from tests.spiders.callbacks import DetailCallbackSpider
+    from tests.spiders.callbacks import ListingCallbackSpider
     from tests.spiders.scrapy_spiders import Listing
     from webfarm.queue import decode_request, open_frontier
     from webfarm.recrawl import Recrawler
@@ -177,20 +210,20 @@ def test_a_recrawl_sends_each_page_back_to_the_callback_that_stored_it(redis_url
                                    ("/product/damaged", "parse_product", "{not json")):
         url = f"http://127.0.0.6:9{path}"
         db.pages.insert_one({"_id": url_fingerprint(url), "url": url, "callback": callback,
-                             "cb_kwargs": kwargs, "spider": "test_detail_callback",
+                             "cb_kwargs": kwargs, "spider": "test_listing_callback",
                              "refetch_interval": 60.0,
                              "next_fetch_at": now - dt.timedelta(seconds=60)})
     settings = Settings({"DUPEFILTER_CLASS": "webfarm.dupefilter.BloomDupeFilter",
                          "SCHEDULER_QUEUE_CLASS": "webfarm.frontier.Frontier",
                          "WEBFARM_HOST_DELAY": 0})
-    frontier = open_frontier(settings, "test_detail_callback", redis.Redis.from_url(redis_url))
+    frontier = open_frontier(settings, "test_listing_callback", redis.Redis.from_url(redis_url))
     # `scrapy recrawl` has no spider object: the callback goes by name
     with caplog.at_level(logging.ERROR, logger="webfarm.recrawl"):
-        assert Recrawler(db.pages, frontier, "test_detail_callback",
+        assert Recrawler(db.pages, frontier, "test_listing_callback",
                          RequestFingerprinter()).run(now).enqueued == 2
     assert "cannot refetch http://127.0.0.6:9/product/damaged: its stored cb_kwargs are " \
         "not JSON" in caplog.text  # a damaged page document stops no other
-    spider = DetailCallbackSpider(start="http://127.0.0.6:9/")
+    spider = ListingCallbackSpider(start="http://127.0.0.6:9/")
     requests = {r.url.rsplit("/", 1)[1]: r for r in (
         decode_request(frontier.pop("w1").payload, spider) for _ in range(2))}
     assert requests["A"].callback == spider.parse_product

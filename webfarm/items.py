@@ -55,7 +55,7 @@ class PageItem:
     # parse of its own, a parse_detail): re-parse runs that one on it.
     callback: str | None = None
     # Its request's cb_kwargs, as JSON (webfarm.serialize.dumps_value), for that callback.
-    cb_kwargs: str | None = None
+    cb_kwargs: str | None = field(default=None, repr=False)
     # One id per fetch, so a retried index write is recognised and applied once.
     fetch_id: str = field(default_factory=_fetch_id, repr=False)
     # Filled by the pipelines.

@@ -7,6 +7,7 @@ agree on keys, delays and the dupefilter mode.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from typing import Any
@@ -228,6 +229,14 @@ def decode_request(payload: str | bytes, spider: Spider | None) -> Request:
             if func is not None and not _is_callback(spider, func, data[what]):
                 raise serialize.SerializationError(
                     f"{what} {data[what]!r} is not a callback of spider {spider.name!r}")
+        if request.callback is not None and (why := _misfit(request.callback,
+                                                            request.cb_kwargs)):
+            # else fetched for nothing: the callback fails with a TypeError on the response
+            raise serialize.SerializationError(
+                f"callback {data['callback']!r} does not take the request's cb_kwargs "
+                f"{sorted(request.cb_kwargs)} ({why}): it changed since the request was "
+                "queued, or a recrawl had no cb_kwargs kept for the page; give its "
+                f"arguments defaults, then `scrapy dlq {spider.name} --requeue`")
     return request
 
 
@@ -252,11 +261,26 @@ def callback_for(spider: Spider, name: str, kwargs: dict[str, Any]
     method = getattr(spider, name, None)
     if method is None or not _is_callback(spider, method, name):
         return None, "is no callback of the spider (renamed or removed?)"
-    try:
-        inspect.signature(method).bind(None, **kwargs)
-    except TypeError as exc:
-        return None, (f"does not take the stored cb_kwargs {sorted(kwargs)} ({exc}); give "
+    why = _misfit(method, kwargs)
+    if why:
+        return None, (f"does not take the stored cb_kwargs {sorted(kwargs)} ({why}); give "
                       "its arguments defaults to re-parse these pages")
-    except ValueError:  # no signature to read: try it
-        pass
     return method, None
+
+
+def _misfit(method: Any, kwargs: dict[str, Any]) -> str | None:
+    """Why ``method(response, **kwargs)`` would fail on its arguments, or None."""
+    return _misfit_names(method, tuple(sorted(kwargs)))
+
+
+@functools.lru_cache(maxsize=1024)  # the worker checks every request it takes
+def _misfit_names(method: Any, names: tuple[str, ...]) -> str | None:
+    try:
+        signature = inspect.signature(method)
+    except (TypeError, ValueError):  # no signature to read: try it
+        return None
+    try:
+        signature.bind(None, **dict.fromkeys(names))
+    except TypeError as exc:
+        return str(exc)
+    return None

@@ -80,3 +80,23 @@ class ListingCallbackSpider(WebfarmSpider):
         for found in product(response):
             yield replace(listing, sku=found.sku,
                           name=found.name.upper() if self.variant else found.name)
+
+
+class BigKwargsSpider(WebfarmSpider):
+    """Hands each product page's callback a listing page's whole text (``-a size`` times
+    "x"), as a spider might: too large to keep with the page."""
+
+    name = "test_big_cb_kwargs"
+    follow_links = False
+
+    def __init__(self, size: str = "0", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.size = int(size)
+
+    def extract(self, response: Response) -> Iterator[Any]:
+        for href in response.css("li.product a::attr(href)").getall()[:2]:
+            yield response.follow(href, callback=self.parse_product,
+                                  cb_kwargs={"listing_html": "x" * self.size})
+
+    def parse_product(self, response: Response, listing_html: str) -> Iterator[ShopProduct]:
+        yield from product(response)
