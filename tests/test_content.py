@@ -174,16 +174,16 @@ def test_clock_times_are_found_as_the_regex_finds_them(
     """The colon scan that finds clock times (before the date-time patterns run near
     them) finds what ``\\d:\\d\\d`` finds: Unicode digits, runs like 1:23:45, a colon at
     either end; with many colons it hands over to re itself."""
-    from webfarm import content
+    from webfarm import volatile
 
     if many_colons:
-        monkeypatch.setattr(content, "_CLOCK_COLONS", 0)
+        monkeypatch.setattr(volatile, "_CLOCK_COLONS", 0)
     rng = random.Random(11)
     alphabet = ["1", "2", "0", ":", ":", " ", "a", "\u0663", "\u00b2", "x", "9"]
     for _ in range(3000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
-        want = [m.span() for m in content._CLOCK.finditer(text)]
-        assert content._clocks(text) == want, text
+        want = [m.span() for m in volatile._CLOCK.finditer(text)]
+        assert volatile._clocks(text) == want, text
 
 
 def test_custom_volatile_patterns_replace_the_defaults() -> None:
