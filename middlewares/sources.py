@@ -99,7 +99,7 @@ class ItemSourceMiddleware:
         limited = False  # a WebfarmSpider with max_pages
         if isinstance(response, Response):
             if getattr(spider, "tags_item_sources", False):  # a WebfarmSpider
-                limited = bool(spider.max_pages)
+                limited = bool(getattr(spider, "max_pages", 0))
                 name = callback_name(spider, response)
                 if name is not None:
                     page = spider.page_item(response)
