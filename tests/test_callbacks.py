@@ -14,6 +14,7 @@ import logging
 import pymongo
 import pytest
 import redis
+import scrapy
 
 from tests import runner
 from tests.crawlcheck import frontier as frontier_of
@@ -230,3 +231,50 @@ def test_a_recrawl_sends_each_page_back_to_the_callback_that_stored_it(redis_url
     assert requests["A"].cb_kwargs == handed  # an item again, as the crawl handed it on
     assert requests["b"].callback is None  # the spider's parse, as Scrapy calls it
     db.client.close()
+
+
+def test_a_queued_request_whose_callback_does_not_take_its_cb_kwargs_is_refused():
+    """Checked as Scrapy would call it: a decorator's own signature counts (one that
+    supplies an argument itself is not refused)."""
+    import functools
+
+    from webfarm.queue import decode_request, request_entry
+    from webfarm.serialize import SerializationError
+    from webfarm.urls import RequestFingerprinter
+
+    def with_listing(func):
+        @functools.wraps(func)
+        def wrapper(self, response, **kwargs):
+            return func(self, response, listing="from the decorator", **kwargs)
+        return wrapper
+
+    class Spider(scrapy.Spider):
+        name = "misfit"
+
+        def needs_listing(self, response, listing):
+            return []
+
+        @with_listing
+        def decorated(self, response, listing):
+            return []
+
+        def takes_any(self, response, **kwargs):
+            return []
+
+    spider = Spider()
+
+    def queued(callback, **cb_kwargs):
+        request = scrapy.Request("http://127.0.0.6:9/p", callback=callback, cb_kwargs=cb_kwargs)
+        return request_entry(request, spider, RequestFingerprinter()).payload
+
+    assert decode_request(queued(spider.needs_listing, listing=1), spider).cb_kwargs == {
+        "listing": 1}
+    for fits in (queued(spider.decorated), queued(spider.takes_any, other=2)):
+        decode_request(fits, spider)
+    for misfit, why in ((queued(spider.needs_listing), "missing a required argument: "
+                                                       "'listing'"),
+                        (queued(spider.needs_listing, listing=1, other=2),
+                         "got an unexpected keyword argument 'other'")):
+        with pytest.raises(SerializationError, match=rf"callback 'needs_listing' does not "
+                                                     rf"take the request's cb_kwargs .*{why}"):
+            decode_request(misfit, spider)

@@ -275,8 +275,8 @@ def _misfit(method: Any, kwargs: dict[str, Any]) -> str | None:
 
 @functools.lru_cache(maxsize=1024)  # the worker checks every request it takes
 def _misfit_names(method: Any, names: tuple[str, ...]) -> str | None:
-    try:
-        signature = inspect.signature(method)
+    try:  # a decorator's own signature, not its function's: it may supply arguments itself
+        signature = inspect.signature(method, follow_wrapped=False)
     except (TypeError, ValueError):  # no signature to read: try it
         return None
     try:
