@@ -355,7 +355,7 @@ class IndexStore:
         fetched = utc(page["fetched_at"])
         gone = bool(page.get("gone")) and b is not None
         # A 304 or a gone page has no new content: the stored one stays.
-        not_modified = (bool(page.get("not_modified")) or gone) and b is not None
+        not_modified = gone or (bool(page.get("not_modified")) and b is not None)
         fields: dict[str, Any] = {
             "fetched_at": fetched,
             "fetch_id": page["fetch_id"],
