@@ -19,6 +19,7 @@ from webfarm.batching import (
     engine_idle,
     recheck_on_responses,
 )
+from webfarm.exceptions import ItemError
 from webfarm.index import IndexStore, PageRecord, RefetchPolicy, load_refetch_policy
 from webfarm.items import PageItem
 from webfarm.threads import StorageCalls, storage_calls
@@ -31,7 +32,9 @@ class IndexPipeline:
     ``WEBFARM_INDEX_BATCH_SECONDS``, whichever comes first), and an item is done
     only when its batch is stored: the frontier acknowledges the request after
     that, never before. Every fetch sets ``refetch_interval``/``next_fetch_at``
-    through the ``WEBFARM_REFETCH_POLICY`` object.
+    through the ``WEBFARM_REFETCH_POLICY`` object. A page whose document MongoDB
+    refuses for good fails alone with an :class:`ItemError` (its request is
+    dead-lettered); the rest of its batch is stored.
     """
 
     webfarm_stage = "index"  # a storage pipeline (webfarm.reparsepipes leaves it out)
@@ -88,8 +91,14 @@ class IndexPipeline:
         if not item.blob_key and not item.keeps_stored_content:
             raise ValueError("PageItem has no blob_key: enable BlobStorePipeline first")
         record = await self.batcher.submit(item)
-        item.duplicate_of = record.duplicate_of or ""
         inc = self.stats.inc_value
+        if record.refused:  # for good: a refetch gets the same answer, so dead-letter it
+            inc("webfarm/index/refused")
+            raise ItemError(
+                f"MongoDB refused the index document of {item.url}: {record.refused}. Fix "
+                f"what refuses it (a validator on that collection?), then requeue the page: "
+                f"scrapy dlq {item.spider} --requeue")
+        item.duplicate_of = record.duplicate_of or ""
         if record.gone:
             inc("webfarm/index/gone")
         elif record.not_modified:

@@ -113,3 +113,45 @@ def test_a_crawl_dead_letters_pages_whose_items_are_refused_and_stores_the_rest(
     # Only the requeued pages were fetched again.
     assert sorted(h.path for h in web.hits if h.path != "/robots.txt") == sorted(
         paths.values())
+
+
+def test_a_crawl_dead_letters_pages_whose_index_document_is_refused(web, stores, mongo_db):
+    """A data team's rule on ``pages`` (no query-string URLs) refuses the listing pages'
+    documents. Before, each batch holding one failed as a whole and was retried as if
+    MongoDB were down, then dead-lettered as StorageUnavailable with the rest of its batch."""
+    base = web.base_urls[0]
+    mongo_db.create_collection("pages", validator={"$jsonSchema": {"properties": {
+        "url": {"bsonType": "string", "pattern": "^[^?]*$"}}}})
+    env = runner.env_for(**stores, WEBFARM_STORAGE_RETRY_SECONDS="120")
+    args = ["crawl", "generic", "-a", f"start={base}/"]
+    started = time.monotonic()
+    crawl = runner.scrapy(args, env, 180)
+    assert crawl.returncode == 0, crawl.output[-3000:]
+    assert time.monotonic() - started < 90  # no refusal waited out as an outage
+    expected = web.expected_pages(base)
+    listings = {url for url in expected if "?" in url}
+    assert len(listings) == 9  # 3 categories x 3 pages (TestWeb defaults)
+    assert {d["url"] for d in mongo_db.pages.find()} == expected - listings
+    dead = crawlcheck.dead_letters(stores["REDIS_URL"])
+    assert set(dead) == listings, sorted(dead)  # each fetched once, not retried
+    for letter in dead.values():
+        assert int(letter["attempts"]) <= 1
+        assert "MongoDB refused the index document of" in letter["reason"]
+        assert "Document failed validation (code 121)" in letter["reason"]
+        assert "scrapy dlq generic --requeue" in letter["reason"]
+    assert crawlcheck.stat(crawl.output, "webfarm/index/refused") == len(dead)
+
+    # The rule was wrong: drop it, requeue the dead letters, crawl again.
+    mongo_db.command("collMod", "pages", validator={})
+    requeued = runner.scrapy(["dlq", "generic", "--requeue"], env)
+    assert f"requeued {len(dead)} dead letters" in requeued.output, requeued.output[-2000:]
+    web.clear_hits()
+    again = runner.scrapy(args, env, 180)
+    assert again.returncode == 0, again.output[-3000:]
+    assert {d["url"] for d in mongo_db.pages.find()} == expected
+    assert sorted(h.path for h in web.hits if h.path != "/robots.txt") == sorted(
+        urlsplit(url)._replace(scheme="", netloc="").geturl() for url in listings)
+    assert crawlcheck.dead_letters(stores["REDIS_URL"]) == {}
+    # Each stored page counted once on its content.
+    assert sum(c["url_count"] for c in mongo_db.contents.find()) == (
+        mongo_db.pages.count_documents({}))

@@ -104,3 +104,35 @@ def test_a_count_another_worker_already_made_does_not_drop_the_batchs_others(sto
     assert store.contents.find_one({"_id": h})["url_count"] == 3
     store.record_pages([two, three])  # a retry of A's batch changes nothing
     assert store.contents.find_one({"_id": h})["url_count"] == 3
+
+
+def test_a_page_document_the_server_refuses_fails_alone_and_the_batch_is_stored(
+        store, mongo_db):
+    """A rule on ``pages`` or ``contents`` (a data team's validator) refusing one page's
+    documents: before, the whole batch raised BulkWriteError and was retried as a store
+    outage (WEBFARM_STORAGE_RETRY_SECONDS on each attempt) though no retry could help."""
+    mongo_db.command("collMod", "pages", validator={
+        "$jsonSchema": {"properties": {"url": {"bsonType": "string", "pattern": "^[^?]*$"}}}})
+    mongo_db.command("collMod", "contents", validator={
+        "$jsonSchema": {"properties": {"size": {"bsonType": "int", "maximum": 100}}}})
+    base = "http://127.0.0.2:8081"
+    ok, query, big = ("01" * 32, "02" * 32, "03" * 32)
+    records = store.record_pages([
+        page(f"{base}/a", ok), page(f"{base}/b?q=1", query), page(f"{base}/c", big, b"x" * 200),
+        page(f"{base}/d", ok),
+    ])
+    assert [r.refused is None for r in records] == [True, False, False, True]
+    assert "Document failed validation (code 121)" in records[1].refused
+    assert records[2].refused.startswith("contents: ")
+    assert records[3].duplicate_of == records[0].page_id
+    assert sorted(d["url"] for d in store.pages.find()) == [f"{base}/a", f"{base}/d"]
+    assert store.contents.find_one({"_id": ok})["url_count"] == 2
+    assert store.contents.find_one({"_id": big}) is None
+    # The same pages again: the stored ones updated, the refused ones refused again.
+    again = store.record_pages([page(f"{base}/a", ok), page(f"{base}/b?q=1", query)])
+    assert again[0].refused is None and again[1].refused
+    # The rule dropped: the refused page is stored and counted once.
+    mongo_db.command("collMod", "pages", validator={})
+    stored = store.record_pages([page(f"{base}/b?q=1", query)])[0]
+    assert stored.refused is None and stored.new_page
+    assert store.contents.find_one({"_id": query})["url_count"] == 1

@@ -21,6 +21,10 @@ writes again. A content's first page is counted by the content's insert;
 is counted (``counts_pending``; a write after a crash re-issues it), so a
 retried batch, a redelivered request or a worker killed between the two writes
 counts each URL once.
+
+A document the server refuses for good (a validator on ``pages`` or ``contents``, one
+too large) fails its page alone: its record says why (``PageRecord.refused``) and the
+rest of the batch is stored; only other errors fail the batch, to be retried.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import pymongo
@@ -118,6 +122,9 @@ class PageRecord:
     near_duplicate_distance: int | None = None
     not_modified: bool = False
     gone: bool = False  # a refetch found the page gone (404/410); its last content is kept
+    # The server refused the page's documents for good (a validator, a document too
+    # large): its message. Nothing of the page was written; sending it again cannot help.
+    refused: str | None = None
 
 
 def utc(ts: float) -> dt.datetime:
@@ -195,6 +202,7 @@ class IndexStore:
         # yet gets its document now (url_count moves in 4.), inserted rather than upserted
         # as it was just read as missing; a duplicate key means another worker was first.
         hashes = {pages[i]["content_hash"] for i in batch if pages[i].get("content_hash")}
+        refused: dict[str, str] = {}  # content hash -> why the server refused its document
         contents = {h: {"first_page_id": self._known[h]} for h in hashes if h in self._known}
         if len(contents) < len(hashes):
             contents.update(self._read_contents(hashes - set(contents)))
@@ -205,8 +213,11 @@ class IndexStore:
                     new[h] = self._content_doc(pages[i], ids[i])
             keys = list(new)
             inserts = [InsertOne(d) for d in new.values()]
-            lost = {keys[k] for k in write_unordered(self.contents, inserts)}
-            contents.update({h: doc for h, doc in new.items() if h not in lost})
+            refused_at: dict[int, str] = {}
+            lost = {keys[k] for k in write_unordered(self.contents, inserts, refused_at)}
+            refused = {keys[k]: why for k, why in refused_at.items()}
+            contents.update({h: doc for h, doc in new.items()
+                             if h not in lost and h not in refused})
             contents.update(self._read_contents(lost))
             for h, doc in contents.items():
                 self._known[h] = doc["first_page_id"]
@@ -232,20 +243,28 @@ class IndexStore:
             if b is None and page.get("gone"):  # no stored page to mark (deleted meanwhile)
                 records[i] = PageRecord(pid, False, False, False, None, gone=True)
                 continue
+            if page.get("content_hash") in refused and not page.get("not_modified"):
+                records[i] = PageRecord(pid, False, False, False, None,
+                                        refused=f"contents: {refused[page['content_hash']]}")
+                continue
             content = contents.get(page.get("content_hash") or "")
             op, record = self._page_op(page, pid, b, content, near.get(i), policy)
             ops.append(op)
             order.append(i)
             records[i] = record
-        conflicts = [order[k] for k in write_unordered(self.pages, ops)]
+        page_refused: dict[int, str] = {}
+        conflicts = [order[k] for k in write_unordered(self.pages, ops, page_refused)]
         for i in conflicts:
             del records[i]
+        for k, why in page_refused.items():
+            records[order[k]] = replace(records[order[k]], new_page=False, changed=False,
+                                        new_content=False, refused=f"pages: {why}")
         # 4. url_count follows the pages that now hold (or left) a content. Guarded by the
         # fetch id, so a re-issue (a retried batch; the next write after a crash) counts
         # once; moves of this batch to one content are one update. Then the pages forget
         # them: a content shared by many URLs keeps only the last 64 fetch ids, so a
         # re-issue on every next write would count those pages twice.
-        failed = set(conflicts)
+        failed = set(conflicts) | {order[k] for k in page_refused}
         fresh: dict[tuple[str, int], list[str]] = {}
         moved: dict[str, str] = {}  # page id -> fetch id, for pages whose move is counted now
         for i in order:
