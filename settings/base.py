@@ -84,6 +84,9 @@ SCHEDULER_QUEUE_CLASS = "webfarm.frontier.Frontier"
 DUPEFILTER_CLASS = "webfarm.dupefilter.BloomDupeFilter"  # or webfarm.dupefilter.SetDupeFilter
 WEBFARM_BLOOM_CAPACITY = 1_000_000  # URLs before the Bloom filter adds a layer
 WEBFARM_BLOOM_ERROR_RATE = 0.001
+# URLs of one host a spider's frontier admits through the dupefilter, across all workers
+# and runs (a trap in the query string, ?month= without end, stops there); 0 = no limit.
+WEBFARM_HOST_BUDGET = 0
 # Fingerprints a worker remembers sending to the frontier (a repeat is dropped locally, not
 # serialised and sent to Redis to be found a duplicate there); 0 = off.
 WEBFARM_RECENT_FINGERPRINTS = 100_000

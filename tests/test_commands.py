@@ -23,7 +23,7 @@ from webfarm.urls import host_of
 FRONTIER_KEYS = {
     "spider", "prefix", "redis", "queued", "hosts", "ready_hosts", "delayed", "leased", "dead",
     "seen", "seen_exact", "dupefilter", "dupefilter_bytes", "bloom_layers", "retried",
-    "expired", "default_delay", "hosts_listed", "per_host",
+    "expired", "default_delay", "host_budget", "hosts_listed", "per_host",
 }
 LETTER_KEYS = {"reason", "status", "error", "attempts", "first", "last", "host", "priority",
                "worker", "method", "url", "requeueable"}
@@ -113,6 +113,15 @@ def test_seed_urls_and_file_through_the_dupefilter(stores, client, tmp_path):
     forced = ok(run(stores, "seed", "generic", "--force", "http://127.0.0.2:81/c"))
     assert "1 enqueued, 1 of them seen before (--force)" in forced
     assert frontier.counts()["queued"] == 4
+
+    # A host budget bounds seeds too, --force or not: host 127.0.0.2:81 has used 2 of 3, so
+    # /p0 is its last new URL; /c, seen before, goes again with --force.
+    more = [f"http://127.0.0.2:81/p{i}" for i in range(3)]
+    budget = ok(run(stores, "seed", "generic", "--force", "-s", "WEBFARM_HOST_BUDGET=3",
+                    "http://127.0.0.2:81/c", *more))
+    assert ("2 enqueued, 1 of them seen before (--force), 2 over their host's budget "
+            "(WEBFARM_HOST_BUDGET=3)") in budget
+    assert frontier.counts()["queued"] == 6
 
 
 def test_seed_bad_input_is_one_line_and_enqueues_nothing(stores, client, tmp_path, shop):
@@ -210,10 +219,10 @@ def test_frontier_table_json_and_reset(stores, client):
     assert any(line.split()[:2] == ["queued", "5"] for line in lines)
     assert any(line.split()[:2] == ["leased", "1"] for line in lines)
     header = next(i for i, line in enumerate(lines) if line.startswith("HOST"))
-    assert lines[header].split() == ["HOST", "QUEUED", "DELAY", "NEXT", "ALLOWED"]
+    assert lines[header].split() == ["HOST", "QUEUED", "URLS", "DELAY", "NEXT", "ALLOWED"]
     busy = lines[header + 1].split()
     # WEBFARM_HOST_DELAY=0 in the tests' environment: the command reads the same settings
-    assert busy[:3] == ["busy.test", "5", "0s"] and busy[-2] == "in" and busy[-1][-1] in "sm"
+    assert busy[:4] == ["busy.test", "5", "5", "0s"] and busy[-2] == "in" and busy[-1][-1] in "sm"
     assert "quiet.test" not in table and lines[header + 2] == "… and 1 more hosts (--top 0 " \
         "lists all)"
 
@@ -222,7 +231,8 @@ def test_frontier_table_json_and_reset(stores, client):
     assert (doc["queued"], doc["hosts"], doc["ready_hosts"], doc["leased"]) == (5, 1, 0, 1)
     assert doc["dupefilter"] == "bloom" and doc["seen"] == 6 and doc["dupefilter_bytes"] > 0
     assert [h["host"] for h in doc["per_host"]] == ["busy.test", "quiet.test:8080"]
-    assert set(doc["per_host"][0]) == {"host", "queued", "delay", "next_allowed_in"}
+    assert set(doc["per_host"][0]) == {"host", "queued", "urls", "delay", "next_allowed_in"}
+    assert doc["per_host"][0]["urls"] == 5 and doc["host_budget"] == 0
     assert 200 < doc["per_host"][0]["next_allowed_in"] <= 300
     assert doc["per_host"][1]["delay"] == 2.5
 

@@ -585,3 +585,33 @@ def test_backoff_is_full_jitter_and_capped() -> None:
     values = [backoff(3, base=1.0, cap=600) for _ in range(2000)]
     assert 0 <= min(values) < 1 and 7 < max(values) <= 8
     assert all(0 <= backoff(50, base=1.0, cap=30) <= 30 for _ in range(100))
+
+
+@pytest.mark.parametrize("mode", ["bloom", "set"])
+def test_a_host_budget_admits_that_many_urls_of_a_host_across_workers(
+        client: redis.Redis, mode: str) -> None:
+    """WEBFARM_HOST_BUDGET: a query-string trap (a calendar's ?month= without end) stops at
+    the budget, counted in Redis so that every worker and run of the spider shares it."""
+    one = Frontier(client, "spider", default_delay=0, dupefilter=mode, host_budget=3)
+    two = Frontier(client, "spider", default_delay=0, dupefilter=mode, host_budget=3)
+    first = one.exchange("", push=[entry("a", "m1"), entry("a", "m2"), entry("b", "x")], pop=0)
+    assert first.enqueued == [True, True, True] and first.over_budget == [False] * 3
+    # Another worker: a seen URL is a duplicate, the third new one fits, then the budget ends.
+    second = two.exchange("", push=[entry("a", "m1"), entry("a", "m3"), entry("a", "m4"),
+                                     entry("a", "m5"), entry("b", "y")], pop=0)
+    assert second.enqueued == [False, True, False, False, True]
+    assert second.over_budget == [False, False, True, True, False]
+    # A start URL or a refetch (dont_filter) is the user's own: never counted or refused.
+    assert one.push([entry("a", "start", dont_filter=True)]) == [True]
+    assert {h["host"]: h["urls"] for h in one.host_stats()} == {"a": 3, "b": 2}
+    assert sorted(drain(one)) == sorted(f"http://{h}/{n}" for h, n in (
+        ("a", "m1"), ("a", "m2"), ("a", "m3"), ("a", "start"), ("b", "x"), ("b", "y")))
+    # Refused URLs were not marked seen: a larger budget admits them when found again.
+    larger = Frontier(client, "spider", default_delay=0, dupefilter=mode, host_budget=4)
+    assert larger.exchange("", push=[entry("a", "m4"), entry("a", "m5")], pop=0
+                           ).over_budget == [False, True]
+    assert larger.counts()["queued"] == 1
+    unlimited = Frontier(client, "spider", default_delay=0, dupefilter=mode)
+    assert unlimited.push([entry("a", "m5"), entry("a", "m4")]) == [True, False]
+    with pytest.raises(ValueError, match="host_budget must be 0 .no limit. or more"):
+        Frontier(client, "spider", host_budget=-1)

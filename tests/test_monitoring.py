@@ -400,7 +400,8 @@ def test_scrapy_frontier_shows_figures_worst_first_json_and_watch(redis_url, rec
     assert "Traceback" not in text
     table_lines = text.splitlines()
     header = next(i for i, line in enumerate(table_lines) if line.startswith("HOST"))
-    assert table_lines[header].split()[:5] == ["HOST", "QUEUED", "DELAY", "NEXT", "ALLOWED"]
+    assert table_lines[header].split()[:6] == ["HOST", "QUEUED", "URLS", "DELAY", "NEXT",
+                                               "ALLOWED"]
     assert "OK%" in table_lines[header] and "4XX" in table_lines[header]
     assert table_lines[header + 1].split()[0] == "bad.example"
     assert "25.0" in table_lines[header + 1].split()  # its success rate, in percent

@@ -103,3 +103,37 @@ def test_a_crawl_into_two_traps_ends_after_a_few_pages(web, stores):
     pages = crawlcheck.pages(stores)
     copies = [pages[base + p] for p in ("/trap/", "/trap/shop/", "/trap/shop/shop/")]
     assert len({p["content_hash"] for p in copies}) == 1
+
+
+def calendar_page(info: RequestInfo) -> Response:
+    """/calendar?month=N links the month before and after: a URL space without end."""
+    month = int(info.query.partition("month=")[2] or 0)
+    return Response.html(f'<html><body><h1>Events, month {month}</h1>'
+                         f'<a href="?month={month - 1}">earlier</a>'
+                         f'<a href="?month={month + 1}">later</a></body></html>')
+
+
+def test_a_query_string_trap_ends_at_the_host_budget_across_two_workers(web, stores,
+                                                                        tmp_path):
+    """A calendar's ?month= links go on for ever and no path rule sees them. Two workers of
+    one spider with WEBFARM_HOST_BUDGET=20 fetch 20 of its URLs together (the start URL
+    is one: it went through the dupefilter), then stop; before, each ran until
+    CLOSESPIDER_PAGECOUNT."""
+    base = web.base_urls[0]
+    web.route("/calendar", calendar_page, host=base)
+    args = ["crawl", "generic", "-a", f"start={base}/calendar?month=0",
+            "-s", "WEBFARM_HOST_BUDGET=20", "-s", "CLOSESPIDER_PAGECOUNT=150",
+            "-s", "LOG_LEVEL=INFO"]
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0", WEBFARM_IDLE_TIMEOUT="2")
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    workers = [runner.popen(args, env, log) for log in logs]
+    assert [w.wait(120) for w in workers] == [0, 0], logs[0].read_text()[-3000:]
+    outputs = [log.read_text() for log in logs]
+    fetched = [h.path for h in web.hits if h.path.startswith("/calendar")]
+    assert len(fetched) == len(set(fetched)) == 20, sorted(fetched)  # each once
+    assert sum(crawlcheck.stat(out, "webfarm/frontier/over_host_budget")
+               for out in outputs) >= 2  # the links of the last pages, at least
+    said = [line for out in outputs for line in out.splitlines()
+            if "has used its budget of 20 URLs (WEBFARM_HOST_BUDGET)" in line]
+    assert 1 <= len(said) <= 2  # once per worker that met it
+    assert len(crawlcheck.pages(stores)) == 20

@@ -60,6 +60,7 @@ class FrontierLink:
         self.in_flight: asyncio.Future[None] | None = None
         self.down_since: float | None = None
         self._retry_at = 0.0
+        self._budget_said: set[str] = set()  # hosts whose used budget was logged
         self._failures = 0
 
     def waiting(self) -> bool:
@@ -242,9 +243,17 @@ class FrontierLink:
         self._failures = 0
 
     def _counted(self, push: list[Entry], result: Exchange) -> None:
-        added = sum(result.enqueued)
+        added, over = sum(result.enqueued), sum(result.over_budget)
         self._inc("webfarm/frontier/enqueued", added)
-        self._inc("webfarm/frontier/duplicates", len(push) - added)
+        self._inc("webfarm/frontier/duplicates", len(push) - added - over)
+        if over:
+            self._inc("webfarm/frontier/over_host_budget", over)
+            for entry, refused in zip(push, result.over_budget, strict=True):
+                if refused and entry.host not in self._budget_said:
+                    self._budget_said.add(entry.host)
+                    logger.info("%s has used its budget of %d URLs (WEBFARM_HOST_BUDGET): "
+                                "its new links are not queued (webfarm/frontier/"
+                                "over_host_budget)", entry.host, self.frontier.host_budget)
 
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None and count:

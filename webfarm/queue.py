@@ -120,6 +120,7 @@ def open_frontier(
         dupefilter=dupefilter_mode(settings),
         bloom_capacity=settings.getint("WEBFARM_BLOOM_CAPACITY", 1_000_000),
         bloom_error_rate=settings.getfloat("WEBFARM_BLOOM_ERROR_RATE", 0.001),
+        host_budget=settings.getint("WEBFARM_HOST_BUDGET", 0),
     )
 
 

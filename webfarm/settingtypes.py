@@ -22,6 +22,8 @@ from scrapy.utils.project import ENVVAR
 
 #: What a setting must read as, by the type of its default.
 BOOLEAN, WHOLE, NUMBER = "a boolean (True/False or 1/0)", "a whole number", "a number"
+#: Limits where 0 means none and below 0 means nothing: refused rather than guessed at.
+NOT_NEGATIVE = ("WEBFARM_HOST_BUDGET",)
 
 
 def check_types(settings: BaseSettings) -> None:
@@ -37,6 +39,11 @@ def check_types(settings: BaseSettings) -> None:
                 f"{name}={value!r} is not {kind} ({source}: {default!r}); fix the -s "
                 f"{name}=..., scrapyd's setting={name}=... or the spider's custom_settings "
                 "that set it")
+    for name in NOT_NEGATIVE:
+        if name in settings and settings.getint(name) < 0:
+            raise ValueError(f"{name}={settings[name]!r} is below 0; give a limit, or 0 for "
+                             f"none, in the -s {name}=..., scrapyd's setting={name}=... or "
+                             "the spider's custom_settings that set it")
     check_slots(settings)
 
 

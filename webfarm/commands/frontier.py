@@ -47,6 +47,8 @@ DEFAULT_WINDOW = 300.0  # seconds of per-host figures (webfarm.monitor) shown
 HOST_COLUMNS: list[Column] = [
     Column("HOST", lambda h: h["host"]),
     Column("QUEUED", lambda h: f"{h['queued']:,}", right=True),
+    # admitted through the dupefilter, all time (what WEBFARM_HOST_BUDGET counts)
+    Column("URLS", lambda h: f"{h.get('urls', 0):,}", right=True),
     Column("DELAY", lambda h: seconds(h["delay"]), right=True),
     Column("NEXT ALLOWED", lambda h: "now" if h["next_allowed_in"] <= 0
            else "in " + seconds(h["next_allowed_in"]), right=True),
@@ -85,6 +87,7 @@ def snapshot(frontier: Frontier, top: int = 0) -> dict[str, Any]:
         "retried": counts["retried"],
         "expired": counts["expired"],
         "default_delay": frontier.default_delay,
+        "host_budget": frontier.host_budget,
         "hosts_listed": len(hosts),
         "per_host": hosts[:top] if top > 0 else hosts,
     }
@@ -125,6 +128,9 @@ def summary(doc: dict[str, Any]) -> str:
     width = max(len(r[1]) for r in rows)
     lines = [f"frontier {doc['prefix']} on {doc['redis']}"]
     lines += [f"  {name:<8}{value:>{width}}   {note}" for name, value, note in rows]
+    if doc.get("host_budget"):
+        lines.append(f"  URLs of one host admitted at most: {doc['host_budget']:,} "
+                     "(WEBFARM_HOST_BUDGET)")
     return "\n".join(lines)
 
 

@@ -123,12 +123,15 @@ class Command(ScrapyCommand):
             load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler
         )
         entries, repeated = make_entries(seeds, opts.priority, fingerprinter)
-        enqueued, seen = push(frontier, entries, force=opts.force)
+        enqueued, seen, over = push(frontier, entries, force=opts.force)
         parts = [f"{enqueued} enqueued"]
         if opts.force:
             parts.append(f"{seen} of them seen before (--force)")
         else:
             parts.append(f"{seen} already seen")
+        if over:
+            parts.append(f"{over} over their host's budget (WEBFARM_HOST_BUDGET="
+                         f"{frontier.host_budget})")
         if repeated:
             parts.append(f"{repeated} repeated in the input")
         given = f"{len(seeds)} URL{'' if len(seeds) == 1 else 's'} given{sitemap_note}"
@@ -197,18 +200,20 @@ def make_entries(urls: Iterable[str], priority: int, fingerprinter: Any) -> tupl
     return list(entries.values()), repeated
 
 
-def push(frontier: Frontier, entries: list[Entry], *, force: bool) -> tuple[int, int]:
-    """Push through the dupefilter; ``(enqueued, seen before)``. With ``force`` the seen
-    ones are pushed again past the dupefilter (each still recorded as seen once)."""
-    enqueued = seen = 0
+def push(frontier: Frontier, entries: list[Entry], *, force: bool) -> tuple[int, int, int]:
+    """Push through the dupefilter; ``(enqueued, seen before, over their host's budget)``.
+    With ``force`` the seen ones are pushed again past the dupefilter (each still recorded
+    as seen once); never the ones over budget (``WEBFARM_HOST_BUDGET`` bounds seeds too)."""
+    enqueued = seen = over = 0
     try:
         for start in range(0, len(entries), MAX_PUSH):
             batch = entries[start : start + MAX_PUSH]
-            flags = frontier.push(batch)
-            old = [e._replace(dont_filter=True) for e, new in zip(batch, flags, strict=True)
-                   if not new]
+            result = frontier.exchange("", push=batch, pop=0)
+            old = [e._replace(dont_filter=True) for e, new, cut in zip(
+                batch, result.enqueued, result.over_budget, strict=True) if not new and not cut]
             seen += len(old)
-            enqueued += len(batch) - len(old)
+            over += sum(result.over_budget)
+            enqueued += sum(result.enqueued)
             if force and old:
                 enqueued += sum(frontier.push(old))
     except redis.RedisError as exc:
@@ -218,4 +223,4 @@ def push(frontier: Frontier, entries: list[Entry], *, force: bool) -> tuple[int,
             f"Redis failed after {enqueued} of {len(entries)} URLs were enqueued ({exc}); "
             "run the same seed again: what is already enqueued is skipped", BAD_CONFIG,
         ) from None
-    return enqueued, seen
+    return enqueued, seen, over

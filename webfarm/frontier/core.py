@@ -61,6 +61,8 @@ class Exchange(NamedTuple):
     enqueued: list[bool]
     popped: list[Popped]
     ready_in: float | None  # seconds until something may be ready, when fewer were popped
+    # per pushed entry: refused because its host used its budget (not seen, not enqueued)
+    over_budget: list[bool] = []
 
 
 def key_prefix(spider: str) -> str:
@@ -95,6 +97,9 @@ class Frontier:
     ``dupefilter="bloom"`` (scalable Bloom filter, ~1.8 bytes per URL at 0.1 %) or
     ``"set"`` (exact, ~60-90 bytes per URL, for small crawls); the mode and the Bloom
     filter's capacity and error rate are fixed by the first push until :meth:`reset`.
+    ``host_budget`` > 0: at most that many URLs of one host go through the dupefilter,
+    across every worker and run of the frontier (a crawler trap in the query string,
+    ``?month=`` without end, is cut there); the ones past it are refused unseen.
     """
 
     def __init__(
@@ -108,6 +113,7 @@ class Frontier:
         bloom_capacity: int = 1_000_000,
         bloom_error_rate: float = 0.001,
         requeue_batch: int = 100,
+        host_budget: int = 0,
     ) -> None:
         if server.get_connection_kwargs().get("decode_responses"):
             raise ValueError("Frontier needs a redis client with decode_responses=False")
@@ -124,6 +130,9 @@ class Frontier:
         self.bloom_capacity = int(bloom_capacity)
         self.bloom_error_rate = float(bloom_error_rate)
         self.requeue_batch = max(1, min(int(requeue_batch), 10_000))
+        if host_budget < 0:
+            raise ValueError(f"host_budget must be 0 (no limit) or more, not {host_budget}")
+        self.host_budget = int(host_budget)
         #: seconds until something may be ready, from the last pop that came back short
         self.last_ready_in: float | None = None
         self._keys = [self.prefix + "stats"]
@@ -171,7 +180,8 @@ class Frontier:
     @staticmethod
     def _joined(results: list[Exchange]) -> Exchange:
         enqueued = [flag for result in results for flag in result.enqueued]
-        return results[-1]._replace(enqueued=enqueued)
+        over = [flag for result in results for flag in result.over_budget]
+        return results[-1]._replace(enqueued=enqueued, over_budget=over)
 
     def _step_args(self, worker: str, push: Sequence[Entry], ack: Sequence[str], pop: int
                    ) -> list[Any]:
@@ -185,6 +195,7 @@ class Frontier:
             self.dupefilter,
             self.bloom_capacity,
             repr(self.bloom_error_rate),
+            self.host_budget,
             len(ack),
             len(push),
             *ack,
@@ -210,13 +221,15 @@ class Frontier:
         ready_in = None if int(reply[2]) < 0 else int(reply[2]) / 1000
         if pop:
             self.last_ready_in = None if len(popped) == pop else ready_in
-        return Exchange(int(reply[0]), [c == ord("1") for c in flags], popped, ready_in)
+        return Exchange(int(reply[0]), [c == ord("1") for c in flags], popped, ready_in,
+                        [c == ord("2") for c in flags])
 
     def push(self, entries: Sequence[Entry]) -> list[bool]:
         """Seen-check and enqueue a batch (a page's links) in one call.
 
-        Returns, per entry, whether it was enqueued (False: seen before). An entry with
-        ``dont_filter`` is enqueued without touching the dupefilter, as in Scrapy.
+        Returns, per entry, whether it was enqueued (False: seen before, or over its
+        host's budget: :meth:`exchange` tells which). An entry with ``dont_filter`` is
+        enqueued without touching the dupefilter, as in Scrapy.
         """
         return self.exchange("", push=entries, pop=0).enqueued
 
@@ -383,7 +396,8 @@ class Frontier:
         return c["queued"] == 0 and c["delayed"] == 0 and c["leased"] == 0
 
     def host_stats(self) -> list[dict]:
-        """Per host with queued entries or a pending wait: queued, delay, next_allowed_in.
+        """Per host with queued entries or a pending wait: queued, delay, next_allowed_in,
+        urls (admitted through the dupefilter so far: what the host budget counts).
 
         Walks every such host (for ``scrapy frontier``, not for the hot path).
         """
@@ -401,14 +415,16 @@ class Frontier:
             pipe.zcard(self.key("q:" + name))
         queued = pipe.execute(raise_on_error=False) if names else []
         delays = self.server.hmget(self.key("delay"), names) if names else []
+        urls = self.server.hmget(self.key("urls"), names) if names else []
         out = []
-        for name, depth, delay in zip(names, queued, delays, strict=True):
+        for name, depth, delay, admitted in zip(names, queued, delays, urls, strict=True):
             out.append(
                 {
                     "host": name,
                     "queued": depth if isinstance(depth, int) else 0,
                     "delay": self.default_delay if delay is None else float(delay),
                     "next_allowed_in": max(0.0, (hosts[name] - now_ms) / 1000),
+                    "urls": int(admitted or 0),
                 }
             )
         out.sort(key=lambda h: (-h["queued"], h["host"]))

@@ -18,6 +18,7 @@
 --   retries   HASH  retry reason -> count
 --   seq       STR   counter for entry sequence numbers and lease ids
 --   seen      SET   fingerprints (dupefilter 'set')
+--   urls      HASH  host -> URLs admitted through the dupefilter (the host budget counts these)
 --   bloom     HASH  the Bloom filter's layers; bloom:<i> STRING layer i's bitmap
 --
 -- Times come from the server's clock (TIME), never from workers.
@@ -27,7 +28,7 @@ local OP = ARGV[2]
 local K_STATS, K_READY, K_COOL, K_DELAY = P .. 'stats', P .. 'ready', P .. 'cool', P .. 'delay'
 local K_DELAYED, K_LEASES, K_LEASE = P .. 'delayed', P .. 'leases', P .. 'lease'
 local K_SEQ, K_DEAD, K_SEEN, K_BLOOM = P .. 'seq', P .. 'dead', P .. 'seen', P .. 'bloom'
-local K_RETRIES = P .. 'retries'
+local K_RETRIES, K_URLS = P .. 'retries', P .. 'urls'
 
 local T = redis.call('TIME')
 local NOW = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000) -- ms, an exact integer

@@ -13,26 +13,40 @@ end
 
 -- Seen-check and enqueue n entries of 6 ARGV each from ARGV[a]: host, priority, dont_filter,
 -- key1, key2, payload (key1/key2: two 32-bit hashes for 'bloom', fingerprint/'' for 'set').
--- Entries of one host go into its queue with one ZADD. Returns '1'/'0' per entry.
-local function push(a, n, mode, cap0, err0)
+-- Entries of one host go into its queue with one ZADD. 'urls' counts the URLs of each host
+-- admitted through the dupefilter; with a budget > 0, an entry of a host that has used it
+-- is refused before the seen-check (not marked seen: a larger budget admits it when it is
+-- found again). dont_filter entries (start URLs, refetches) are never counted or refused.
+-- Returns '1' enqueued, '0' seen before, '2' over the host's budget, per entry.
+local function push(a, n, mode, cap0, err0, budget)
   if mode == 'bloom' then bloom_load(cap0, err0) end
   local seq0 = redis.call('INCRBY', K_SEQ, n) - n
   local first = math.floor(NOW / 1000)
-  local ok, groups, hosts = {}, {}, {}
+  local ok, groups, hosts, used, added = {}, {}, {}, {}, {}
   for e = 1, n do
     local o = a + (e - 1) * 6
+    local host = ARGV[o]
     local new = true
     if ARGV[o + 2] ~= '1' then
-      if mode == 'set' then
-        new = redis.call('SADD', K_SEEN, ARGV[o + 3]) == 1
-        if new then d_seen = d_seen + 1 end
-      else
-        new = bloom_add(tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4]))
+      if budget > 0 then
+        if not used[host] then used[host] = tonumber(redis.call('HGET', K_URLS, host)) or 0 end
+        if used[host] >= budget then new = 'budget' end
+      end
+      if new ~= 'budget' then
+        if mode == 'set' then
+          new = redis.call('SADD', K_SEEN, ARGV[o + 3]) == 1
+          if new then d_seen = d_seen + 1 end
+        else
+          new = bloom_add(tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4]))
+        end
+        if new then
+          added[host] = (added[host] or 0) + 1
+          if budget > 0 then used[host] = used[host] + 1 end
+        end
       end
     end
     ok[e] = new
-    if new then
-      local host = ARGV[o]
+    if new == true then
       local g = groups[host]
       if not g then
         g = {flat = {}, idx = {}}
@@ -45,6 +59,7 @@ local function push(a, n, mode, cap0, err0)
       g.idx[#g.idx + 1] = e
     end
   end
+  for host, count in pairs(added) do redis.call('HINCRBY', K_URLS, host, count) end
   for _, host in ipairs(hosts) do
     local g = groups[host]
     if not enqueue_many(host, g.flat) then
@@ -52,7 +67,7 @@ local function push(a, n, mode, cap0, err0)
     end
   end
   local flags = {}
-  for e = 1, n do flags[e] = ok[e] and '1' or '0' end
+  for e = 1, n do flags[e] = (ok[e] == 'budget' and '2') or (ok[e] and '1') or '0' end
   return table.concat(flags)
 end
 
@@ -60,12 +75,13 @@ local OPS = {}
 
 -- step: acks, then pushes, then housekeeping and up to `want` pops, in one call.
 -- ARGV: 3 worker, 4 lease_ms, 5 default_delay_ms, 6 batch, 7 want, 8 mode, 9 cap0, 10 err0,
---       11 n_ack, 12 n_push, then n_ack lease ids, then n_push entries (see push).
--- Returns {acked, enqueued flags '1'/'0', ready_in ms or -1, lease, host, payload, attempts...}
+--       11 host budget (0: none), 12 n_ack, 13 n_push, then n_ack lease ids, then n_push
+--       entries (see push).
+-- Returns {acked, push flags '1'/'0'/'2', ready_in ms or -1, lease, host, payload, attempts...}
 OPS.step = function()
   local worker, lease_ms, default_ms = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
   local batch, want = tonumber(ARGV[6]), tonumber(ARGV[7])
-  local n_ack, n_push = tonumber(ARGV[11]), tonumber(ARGV[12])
+  local n_ack, n_push = tonumber(ARGV[12]), tonumber(ARGV[13])
   local mode, acked, flags = ARGV[8], 0, ''
   if n_push > 0 then -- before any write: a mismatch must change nothing
     local cur = redis.call('HGET', K_STATS, 'dupefilter')
@@ -76,10 +92,12 @@ OPS.step = function()
                                mode .. ' (reset it to change)')
     end
   end
-  for i = 13, 12 + n_ack do
+  for i = 14, 13 + n_ack do
     if unlease(ARGV[i], false) then acked = acked + 1 end
   end
-  if n_push > 0 then flags = push(13 + n_ack, n_push, mode, ARGV[9], ARGV[10]) end
+  if n_push > 0 then
+    flags = push(14 + n_ack, n_push, mode, ARGV[9], ARGV[10], tonumber(ARGV[11]))
+  end
   local out = {acked, flags, '-1'}
   if want > 0 then
     maintain(batch)
