@@ -1,6 +1,6 @@
 """The shared crawl frontier in Redis: per-host queues, politeness, leases, retries, DLQ.
 
-Every operation is one call of one Lua script (``scripts/frontier.lua``, loaded once,
+Every operation is one call of one Lua script (``scripts/*.lua``, loaded once,
 then EVALSHA), so a worker pays one round trip per call and never sees a half-done
 state. All keys of a spider live under ``webfarm:{SPIDER}:`` (a Cluster hash tag: one
 node holds a whole frontier). Payloads are opaque strings (the scheduler passes JSON
@@ -13,7 +13,6 @@ clocks still agree on politeness and lease deadlines. Closing or dropping a
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import re
@@ -24,6 +23,7 @@ from typing import Any, NamedTuple
 import redis
 
 from webfarm.frontier.bloom import hash_pair
+from webfarm.frontier.reading import FrontierReads, as_text
 
 _SCRIPT_DIR = resources.files("webfarm.frontier").joinpath("scripts")
 # One script from three files (each a part of one chunk; order matters), loaded once per
@@ -81,16 +81,12 @@ def backoff(attempt: int, base: float = 1.0, cap: float = 600.0) -> float:
     return random.uniform(0.0, min(cap, base * 2.0 ** min(max(attempt, 0), 64)))
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
 def _check_host(host: str) -> None:
     if not isinstance(host, str) or not host or _BAD_HOST.search(host) or len(host) > 1024:
         raise ValueError(f"invalid host {host!r}")
 
 
-class Frontier:
+class Frontier(FrontierReads):
     """One spider's frontier. Cheap to create; thread-safe as far as the client is.
 
     ``server`` must return bytes (``decode_responses=False``, redis-py's default).
@@ -215,7 +211,8 @@ class Frontier:
     def _step_reply(self, reply: Any, pop: int) -> Exchange:
         flags = reply[1]
         popped = [
-            Popped(_text(reply[i]), _text(reply[i + 1]), _text(reply[i + 2]), int(reply[i + 3]))
+            Popped(as_text(reply[i]), as_text(reply[i + 1]), as_text(reply[i + 2]),
+                   int(reply[i + 3]))
             for i in range(3, len(reply), 4)
         ]
         ready_in = None if int(reply[2]) < 0 else int(reply[2]) / 1000
@@ -305,23 +302,6 @@ class Frontier:
         return [lease_id or "", reason, b"1" if payload is not None else b"0", payload or "",
                 "" if status is None else int(status), error or ""]
 
-    def dead_letters(self, limit: int = 100) -> list[dict]:
-        """The oldest ``limit`` dead letters, as dicts (``reason``, ``status``, ``error``,
-        ``attempts``, ``first``, ``last``, ``host``, ``priority``, ``payload``, ...)."""
-        out = []
-        for raw in self.server.lrange(self.key("dead"), 0, max(0, limit) - 1):
-            text = _text(raw)
-            try:
-                letter = json.loads(text)
-                if not isinstance(letter, dict):
-                    raise ValueError("not an object")
-            except ValueError:
-                letter = {"reason": "unreadable dead letter", "payload": text}
-            for field in ("reason", "status", "error", "attempts", "host", "payload"):
-                letter.setdefault(field, None)
-            out.append(letter)
-        return out
-
     def requeue_dead(self) -> int:
         """Put dead letters back in their queues with attempts reset; returns how many.
 
@@ -365,97 +345,6 @@ class Frontier:
     def _defer_args(host: str, until_seconds_from_now: float) -> list[Any]:
         _check_host(host)
         return [host, max(0, round(until_seconds_from_now * 1000))]
-
-    # -- reading --------------------------------------------------------------------------
-
-    def counts(self) -> dict[str, int]:
-        """queued, ready_hosts, hosts, delayed, leased, dead, seen, retried, expired."""
-        return self._counts(self._call("counts"))
-
-    @staticmethod
-    def _counts(reply: Sequence[Any]) -> dict[str, int]:
-        names = (
-            "queued",
-            "ready_hosts",
-            "hosts",
-            "delayed",
-            "leased",
-            "dead",
-            "seen",
-            "retried",
-            "expired",
-        )
-        return dict(zip(names, (int(v) for v in reply), strict=True))
-
-    def is_idle(self) -> bool:
-        """Nothing queued, delayed or leased (dead letters do not count)."""
-        return self._idle(self.counts())
-
-    @staticmethod
-    def _idle(c: dict[str, int]) -> bool:
-        return c["queued"] == 0 and c["delayed"] == 0 and c["leased"] == 0
-
-    def host_stats(self) -> list[dict]:
-        """Per host with queued entries or a pending wait: queued, delay, next_allowed_in,
-        urls (admitted through the dupefilter so far: what the host budget counts).
-
-        Walks every such host (for ``scrapy frontier``, not for the hot path).
-        """
-        pipe = self.server.pipeline(transaction=False)
-        pipe.time()
-        pipe.zrange(self.key("ready"), 0, -1, withscores=True)
-        pipe.zrange(self.key("cool"), 0, -1, withscores=True)
-        (sec, usec), ready, cool = pipe.execute()
-        now_ms = sec * 1000 + usec // 1000
-        hosts: dict[str, float] = {_text(h): s for h, s in cool}
-        hosts.update((_text(h), s) for h, s in ready)
-        names = sorted(hosts)
-        pipe = self.server.pipeline(transaction=False)
-        for name in names:
-            pipe.zcard(self.key("q:" + name))
-        queued = pipe.execute(raise_on_error=False) if names else []
-        delays = self.server.hmget(self.key("delay"), names) if names else []
-        urls = self.server.hmget(self.key("urls"), names) if names else []
-        out = []
-        for name, depth, delay, admitted in zip(names, queued, delays, urls, strict=True):
-            out.append(
-                {
-                    "host": name,
-                    "queued": depth if isinstance(depth, int) else 0,
-                    "delay": self.default_delay if delay is None else float(delay),
-                    "next_allowed_in": max(0.0, (hosts[name] - now_ms) / 1000),
-                    "urls": int(admitted or 0),
-                }
-            )
-        out.sort(key=lambda h: (-h["queued"], h["host"]))
-        return out
-
-    def seen(self, fingerprint: bytes) -> bool:
-        """Whether the dupefilter holds ``fingerprint`` (Bloom: maybe, with its error rate)."""
-        return self.seen_many([fingerprint])[0]
-
-    def seen_many(self, fingerprints: Sequence[bytes]) -> list[bool]:
-        """:meth:`seen` for many fingerprints in one round trip (read-only)."""
-        out: list[bool] = []
-        for start in range(0, len(fingerprints), MAX_PUSH):
-            args: list[Any] = []
-            for fp in fingerprints[start : start + MAX_PUSH]:
-                args += hash_pair(fp) if self.dupefilter == "bloom" else (fp, b"")
-            out += [c == ord("1") for c in self._call("seen", self.dupefilter, *args)]
-        return out
-
-    def memory(self) -> dict[str, int]:
-        """Bytes Redis uses for the dupefilter (``MEMORY USAGE``), and what it holds."""
-        if self.dupefilter == "set":
-            return {
-                "bytes": int(self.server.memory_usage(self.key("seen"), samples=0) or 0),
-                "layers": 0,
-            }
-        n = int(self.server.hget(self.key("bloom"), "n") or 0)
-        size = sum(
-            int(self.server.memory_usage(self.key(f"bloom:{i}"), samples=0) or 0) for i in range(n)
-        )
-        return {"bytes": size, "layers": n}
 
     # -- wiping ---------------------------------------------------------------------------
 

@@ -1,0 +1,138 @@
+"""What a frontier holds: counts, hosts, the dupefilter, dead letters (read only; the
+count of queued entries heals itself when it drifted). For ``scrapy frontier``, ``scrapy dlq``, monitoring and the idle check; kept
+apart from :mod:`webfarm.frontier.core`, whose hot path (push, pop, ack) and writes are
+the part every worker runs. :class:`~webfarm.frontier.core.Frontier` inherits these.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+
+from webfarm.frontier.bloom import hash_pair
+
+MAX_READ = 1000  # fingerprints per script call of seen_many: each call stays short
+
+
+def as_text(value: Any) -> str:
+    """A Redis reply as text (invalid UTF-8 replaced: hosts and payloads come from sites)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class FrontierReads:
+    """Read-only views of one spider's frontier (mixed into ``Frontier``)."""
+
+    server: redis.Redis
+    default_delay: float
+    dupefilter: str
+    key: Callable[[str], str]
+    _call: Callable[..., Any]
+
+    def counts(self) -> dict[str, int]:
+        """queued, ready_hosts, hosts, delayed, leased, dead, seen, retried, expired."""
+        return self._counts(self._call("counts"))
+
+    @staticmethod
+    def _counts(reply: Sequence[Any]) -> dict[str, int]:
+        names = (
+            "queued",
+            "ready_hosts",
+            "hosts",
+            "delayed",
+            "leased",
+            "dead",
+            "seen",
+            "retried",
+            "expired",
+        )
+        return dict(zip(names, (int(v) for v in reply), strict=True))
+
+    def is_idle(self) -> bool:
+        """Nothing queued, delayed or leased (dead letters do not count)."""
+        return self._idle(self.counts())
+
+    @staticmethod
+    def _idle(c: dict[str, int]) -> bool:
+        return c["queued"] == 0 and c["delayed"] == 0 and c["leased"] == 0
+
+    def host_stats(self) -> list[dict]:
+        """Per host with queued entries or a pending wait: queued, delay, next_allowed_in,
+        urls (admitted through the dupefilter so far: what the host budget counts).
+
+        Walks every such host (for ``scrapy frontier``, not for the hot path).
+        """
+        pipe = self.server.pipeline(transaction=False)
+        pipe.time()
+        pipe.zrange(self.key("ready"), 0, -1, withscores=True)
+        pipe.zrange(self.key("cool"), 0, -1, withscores=True)
+        (sec, usec), ready, cool = pipe.execute()
+        now_ms = sec * 1000 + usec // 1000
+        hosts: dict[str, float] = {as_text(h): s for h, s in cool}
+        hosts.update((as_text(h), s) for h, s in ready)
+        names = sorted(hosts)
+        pipe = self.server.pipeline(transaction=False)
+        for name in names:
+            pipe.zcard(self.key("q:" + name))
+        queued = pipe.execute(raise_on_error=False) if names else []
+        delays = self.server.hmget(self.key("delay"), names) if names else []
+        urls = self.server.hmget(self.key("urls"), names) if names else []
+        out = []
+        for name, depth, delay, admitted in zip(names, queued, delays, urls, strict=True):
+            out.append(
+                {
+                    "host": name,
+                    "queued": depth if isinstance(depth, int) else 0,
+                    "delay": self.default_delay if delay is None else float(delay),
+                    "next_allowed_in": max(0.0, (hosts[name] - now_ms) / 1000),
+                    "urls": int(admitted or 0),
+                }
+            )
+        out.sort(key=lambda h: (-h["queued"], h["host"]))
+        return out
+
+    def seen(self, fingerprint: bytes) -> bool:
+        """Whether the dupefilter holds ``fingerprint`` (Bloom: maybe, with its error rate)."""
+        return self.seen_many([fingerprint])[0]
+
+    def seen_many(self, fingerprints: Sequence[bytes]) -> list[bool]:
+        """:meth:`seen` for many fingerprints in one round trip (read-only)."""
+        out: list[bool] = []
+        for start in range(0, len(fingerprints), MAX_READ):
+            args: list[Any] = []
+            for fp in fingerprints[start : start + MAX_READ]:
+                args += hash_pair(fp) if self.dupefilter == "bloom" else (fp, b"")
+            out += [c == ord("1") for c in self._call("seen", self.dupefilter, *args)]
+        return out
+
+    def memory(self) -> dict[str, int]:
+        """Bytes Redis uses for the dupefilter (``MEMORY USAGE``), and what it holds."""
+        if self.dupefilter == "set":
+            return {
+                "bytes": int(self.server.memory_usage(self.key("seen"), samples=0) or 0),
+                "layers": 0,
+            }
+        n = int(self.server.hget(self.key("bloom"), "n") or 0)
+        size = sum(
+            int(self.server.memory_usage(self.key(f"bloom:{i}"), samples=0) or 0) for i in range(n)
+        )
+        return {"bytes": size, "layers": n}
+
+    def dead_letters(self, limit: int = 100) -> list[dict]:
+        """The oldest ``limit`` dead letters, as dicts (``reason``, ``status``, ``error``,
+        ``attempts``, ``first``, ``last``, ``host``, ``priority``, ``payload``, ...)."""
+        out = []
+        for raw in self.server.lrange(self.key("dead"), 0, max(0, limit) - 1):
+            text = as_text(raw)
+            try:
+                letter = json.loads(text)
+                if not isinstance(letter, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                letter = {"reason": "unreadable dead letter", "payload": text}
+            for field in ("reason", "status", "error", "attempts", "host", "payload"):
+                letter.setdefault(field, None)
+            out.append(letter)
+        return out
