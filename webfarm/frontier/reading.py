@@ -1,7 +1,8 @@
 """What a frontier holds: counts, hosts, the dupefilter, dead letters (read only; the
-count of queued entries heals itself when it drifted). For ``scrapy frontier``, ``scrapy dlq``, monitoring and the idle check; kept
-apart from :mod:`webfarm.frontier.core`, whose hot path (push, pop, ack) and writes are
-the part every worker runs. :class:`~webfarm.frontier.core.Frontier` inherits these.
+count of queued entries heals itself when it drifted). For ``scrapy frontier``,
+``scrapy dlq``, monitoring and the idle check; kept apart from
+:mod:`webfarm.frontier.core`, whose hot path (push, pop, ack) and writes are the part
+every worker runs. :class:`~webfarm.frontier.core.Frontier` inherits these.
 """
 
 from __future__ import annotations
