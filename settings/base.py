@@ -9,12 +9,16 @@ embedded local service under ``WEBFARM_DATA_DIR``".
 
 from __future__ import annotations
 
+import json as _json
 import os
 
 from scrapy.settings import default_settings as _scrapy
 
+_READ_BY_NAME: set[str] = set()  # variables read below by name (their own parsing)
+
 
 def _env(name: str, default: str = "") -> str:
+    _READ_BY_NAME.add(name)
     return os.environ.get(name, default).strip()
 
 
@@ -346,3 +350,62 @@ WEBFARM_ALERT_STALL_SECONDS = 300.0  # no fetch ended this long while work is qu
 TWISTED_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
 LOG_LEVEL = _env("WEBFARM_LOG_LEVEL", "INFO")
 FEED_EXPORT_ENCODING = "utf-8"
+
+
+# --- every other setting from the environment too --------------------------------
+def _env_name(name: str) -> str:
+    """The variable a setting is read from: a webfarm setting's own name; Scrapy's
+    ``NAME`` from ``WEBFARM_NAME``, so a ``LOG_LEVEL`` or ``USER_AGENT`` a container sets
+    for other programs is not taken for a crawler setting by accident."""
+    return name if name.startswith("WEBFARM_") else f"WEBFARM_{name}"
+
+
+def _typed(setting: str, variable: str, raw: str, default: object) -> object:
+    """``raw`` as its setting's type (the type of its default here or in Scrapy); a value
+    that does not read as one stops the process with what to give, as ``_env_float``."""
+    low = raw.lower()
+    try:
+        if isinstance(default, bool):
+            if low in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                return low in ("1", "true", "yes", "on")
+            kind = "a boolean (true/false, 1/0)"
+        elif isinstance(default, int) and setting.startswith("WEBFARM_"):
+            kind = "a whole number"
+            return int(raw)
+        elif isinstance(default, (int, float)):  # Scrapy reads its numbers as floats in places
+            kind = "a number"
+            return int(raw) if raw.lstrip("-").isdigit() else float(raw)
+        elif isinstance(default, (dict, list, tuple)):
+            kind = "JSON" + (" (an object)" if isinstance(default, dict) else " (a list)")
+            value = _json.loads(raw)
+            if isinstance(value, dict) == isinstance(default, dict):
+                return value
+        else:
+            return raw
+    except ValueError:
+        pass
+    raise SystemExit(f"{variable}={raw!r} (the environment) is not {kind} for {setting}; "
+                     "unset it or give one")
+
+
+def _from_environment(namespace: dict[str, object]) -> dict[str, str]:
+    """Apply ``WEBFARM_*`` environment variables to the settings they name (this module's
+    and Scrapy's, see :func:`_env_name`): any setting can be set where the process is
+    started (a container, a scrapyd machine) with no file edit. Empty means unset, and a
+    variable read above by name keeps its own parsing. Returns setting -> variable."""
+    taken: dict[str, str] = {}
+    settings = {k: v for k, v in vars(_scrapy).items() if k.isupper()}
+    settings.update((k, v) for k, v in namespace.items() if k.isupper())
+    for name, default in settings.items():
+        variable = _env_name(name)
+        if _READ_BY_NAME & {name, variable} or (variable != name and variable in settings):
+            continue  # read above; or WEBFARM_X is a setting of its own, not Scrapy's X
+        raw = os.environ.get(variable, "").strip()
+        if raw:
+            namespace[name] = _typed(name, variable, raw, default)
+            taken[name] = variable
+    return taken
+
+
+# Which settings came from the environment (for messages and `scrapy settings --get`).
+WEBFARM_FROM_ENVIRONMENT = _from_environment(globals())

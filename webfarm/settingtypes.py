@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-from scrapy.settings import BaseSettings, default_settings
+from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings, default_settings
 from scrapy.utils.project import ENVVAR
 
 #: What a setting must read as, by the type of its default.
@@ -35,16 +35,22 @@ def check_types(settings: BaseSettings) -> None:
             continue
         value = settings[name]
         if not _reads_as(settings, name, kind):
-            raise ValueError(
-                f"{name}={value!r} is not {kind} ({source}: {default!r}); fix the -s "
-                f"{name}=..., scrapyd's setting={name}=... or the spider's custom_settings "
-                "that set it")
+            raise ValueError(f"{name}={value!r} is not {kind} ({source}: {default!r}); fix "
+                             f"{_where_set(settings, name)}")
     for name in NOT_NEGATIVE:
         if name in settings and settings.getint(name) < 0:
             raise ValueError(f"{name}={settings[name]!r} is below 0; give a limit, or 0 for "
-                             f"none, in the -s {name}=..., scrapyd's setting={name}=... or "
-                             "the spider's custom_settings that set it")
+                             f"none, in {_where_set(settings, name)}")
     check_slots(settings)
+
+
+def _where_set(settings: BaseSettings, name: str) -> str:
+    """Where a setting's value came from, for the message that says to fix it."""
+    variable = settings.getdict("WEBFARM_FROM_ENVIRONMENT").get(name)
+    if variable and settings.getpriority(name) == SETTINGS_PRIORITIES["project"]:
+        return f"the environment variable {variable} that set it"
+    return (f"the -s {name}=..., scrapyd's setting={name}=... or the spider's "
+            "custom_settings that set it")
 
 
 def check_slots(settings: BaseSettings) -> None:
