@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pymongo
 import pytest
 import redis
@@ -293,3 +295,68 @@ def test_a_crawl_or_a_seed_as_a_read_only_redis_user_stops_in_one_line(acl_redis
     assert preview.returncode == 0 and "Traceback" not in preview.output, preview.output[-2000:]
     run = runner.scrapy(["recrawl", "generic"], env, timeout=60)
     assert run.returncode == 1 and "ACL SETUSER reader" in run.stderr, run.output[-2000:]
+
+
+@pytest.fixture()
+def own_redis(tmp_path):
+    """A Valkey of the test's own, to configure as a deployment might have it."""
+    server = servers.valkey(tmp_path / "valkey").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_redis_that_evicts_keys_when_full_is_refused_for_writing(own_redis, good, web):
+    """A Redis set up as a cache (maxmemory with an allkeys-* policy) drops keys of its
+    choice once full: queued requests, leases and the dupefilter would vanish silently."""
+    admin = redis.Redis.from_url(own_redis.url)
+    admin.config_set("maxmemory", str(64 * 2**20))
+    admin.config_set("maxmemory-policy", "allkeys-lru")
+    with pytest.raises(ConfigError, match=(
+            r"^REDIS_URL: redis://127\.0\.0\.1:\d+/0 evicts keys when it is full \(maxmemory 64 "
+            r"MiB, maxmemory-policy allkeys-lru\): the frontier's queues, leases and seen URLs "
+            r"would disappear without an error\. Set maxmemory-policy noeviction")):
+        config.check_redis(own_redis.url, spider="generic")
+    config.check_redis(own_redis.url)  # reading (scrapy frontier, dlq --list) is still fine
+    env = runner.env_for(**{**good, "REDIS_URL": own_redis.url})
+    result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/"], env, 60)
+    assert result.returncode == 1 and "Traceback" not in result.output, result.output[-2000:]
+    assert "evicts keys when it is full" in result.stderr and web.hits == []
+    for policy in ("volatile-lru", "noeviction"):  # only keys with a TTL, or none
+        admin.config_set("maxmemory-policy", policy)
+        config.check_redis(own_redis.url, spider="generic")
+    admin.close()
+
+
+def test_a_redis_that_fills_up_mid_crawl_holds_the_crawl_until_it_has_room(
+        own_redis, good, web, tmp_path):
+    """noeviction: a full Redis refuses writes (OOM). The worker holds what it has, says
+    what to do, and goes on once the server has room: every page stored, none twice."""
+    admin = redis.Redis.from_url(own_redis.url)
+    used = int(admin.info("memory")["used_memory"])
+    # Room for the first exchange (it makes the 1.8 MB Bloom filter), none after it.
+    admin.config_set("maxmemory", str(used + 2**20))
+    base = web.base_urls[0]
+    env = runner.env_for(**{**good, "REDIS_URL": own_redis.url})
+    log = tmp_path / "crawl.log"
+    proc = runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, log)
+    try:
+        deadline = time.monotonic() + 60
+        while "Redis is full (command not allowed when used memory > 'maxmemory'" not in (
+                log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        admin.config_set("maxmemory", "0")
+        assert proc.wait(120) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        admin.close()
+    output = log.read_text()
+    assert "raise its maxmemory or free memory" in output
+    assert "Frontier exchanges work again" in output and "Dropped" not in output
+    db = pymongo.MongoClient(good["MONGO_URI"])[good["MONGO_DATABASE"]]
+    assert {d["url"] for d in db.pages.find()} == web.expected_pages(base)
+    hits = [h.path for h in web.hits if h.path != "/robots.txt"]
+    assert len(hits) == len(set(hits)), sorted(hits)

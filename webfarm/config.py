@@ -166,6 +166,7 @@ def check_redis(url: str, variable: str = "REDIS_URL", timeout: float = 5.0,
         client.ping()
         if probe is not None:
             _check_scripts(client, probe, url, variable)
+            _check_eviction(client, url, variable)
     except redis.AuthenticationError as exc:  # reached, and it wants (other) credentials
         if client is not None and client.get_connection_kwargs().get("password") is None:
             raise ConfigError(
@@ -200,6 +201,28 @@ def _check_scripts(client: Any, probe: str, url: str, variable: str) -> None:
             f"{variable}: {safe_url(url)} refused a Lua script ({exc}); webfarm's frontier "
             "runs them (EVALSHA, SCRIPT LOAD): use a Redis or Valkey that allows them"
         ) from None
+
+
+def _check_eviction(client: Any, url: str, variable: str) -> None:
+    """ConfigError when the server drops keys of its choice once full (``maxmemory`` with
+    an ``allkeys-*`` policy, as a cache is set up): the frontier's queues, leases and seen
+    URLs would vanish without an error. A ``volatile-*`` policy drops only keys with a
+    TTL (webfarm's caches: robots.txt, render memory, metrics), so it is fine; a server
+    that does not let this user run INFO is not judged."""
+    import redis
+
+    try:
+        memory = client.info("memory")
+    except redis.ResponseError:  # NOPERM (INFO is @dangerous) or INFO renamed away
+        return
+    policy = str(memory.get("maxmemory_policy", ""))
+    limit = int(memory.get("maxmemory") or 0)
+    if limit > 0 and policy.startswith("allkeys-"):
+        raise ConfigError(
+            f"{variable}: {safe_url(url)} evicts keys when it is full (maxmemory "
+            f"{limit / 2**20:,.0f} MiB, maxmemory-policy {policy}): the frontier's queues, "
+            "leases and seen URLs would disappear without an error. Set maxmemory-policy "
+            "noeviction (or a volatile-* policy) on that server, or use another one")
 
 
 def redis_address(client: Any) -> str:

@@ -35,6 +35,17 @@ def _loop_running() -> bool:
     return True
 
 
+def outage(exc: BaseException) -> str:
+    """Why Redis cannot take the frontier's calls now, and what would end it."""
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return (f"Redis is full ({exc}): raise its maxmemory or free memory (scrapy frontier "
+                "SPIDER shows what a spider's frontier holds)")
+    if isinstance(exc, redis.exceptions.ReadOnlyError):
+        return (f"Redis is read-only ({exc}): REDIS_URL names a replica, or a failover is "
+                "under way")
+    return f"Redis unreachable ({exc})"
+
+
 class FrontierLink:
     def __init__(
         self, frontier: Frontier, worker: str, stats: StatsCollector | None = None,
@@ -221,15 +232,14 @@ class FrontierLink:
         self._failures += 1
         self._retry_at = now + min(30.0, 0.5 * 2 ** min(self._failures, 6))
         redis_down = isinstance(exc, REDIS_ERRORS)
-        if not redis_down:  # Redis refused (out of memory, read-only...) or a bug: each time
+        if not redis_down:  # Redis refused this call (a bug, a script error): each time
             logger.error("Frontier exchange failed: %s: %s", type(exc).__name__, exc,
                          exc_info=None if isinstance(exc, redis.RedisError) else exc)
         if self.down_since is None:
             self.down_since = now
             logger.error(
                 "%s; holding %d links, %d acks, %d other operations and %d in-flight leases, "
-                "retrying with backoff",
-                f"Redis unreachable ({exc})" if redis_down else "Frontier exchanges fail",
+                "retrying with backoff", outage(exc) if redis_down else "Frontier exchanges fail",
                 len(self.push), len(self.acks), len(self.ops), self.leases_held(),
             )
             if redis_down:
