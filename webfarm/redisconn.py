@@ -14,10 +14,9 @@ from scrapy.utils.reactor import is_asyncio_reactor_installed, is_reactor_instal
 
 from webfarm import config
 
-# What a Redis call raises when the server is unreachable or too slow to answer.
-# Redis cannot take work now, and will again: unreachable, or full (maxmemory with
-# noeviction refuses writes), or read-only (a replica; a failover under way). Callers keep
-# what they hold and retry with backoff.
+# What a Redis call raises when the server cannot take work now and will again:
+# unreachable or too slow to answer, full (maxmemory with noeviction refuses writes), or
+# read-only (a replica; a failover under way). Callers keep what they hold and retry.
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError,
                 redis.exceptions.OutOfMemoryError, redis.exceptions.ReadOnlyError)
 # Any way a Redis call can fail, refusals (out of memory, read-only) included, on either
