@@ -372,7 +372,10 @@ def _typed(setting: str, variable: str, raw: str, default: object) -> object:
         elif isinstance(default, int) and setting.startswith("WEBFARM_"):
             kind = "a whole number"
             return int(raw)
-        elif isinstance(default, (int, float)):  # Scrapy reads its numbers as floats in places
+        elif isinstance(default, float):  # a float stays one: the start-up check reads
+            kind = "a number"             # a setting by its value's type
+            return float(raw)
+        elif isinstance(default, int):  # Scrapy's counts: it reads some of them as floats
             kind = "a number"
             return int(raw) if raw.lstrip("-").isdigit() else float(raw)
         elif isinstance(default, (dict, list, tuple)):

@@ -30,7 +30,7 @@ def settings_with(env: dict[str, str], *names: str) -> dict:
 def test_a_setting_comes_from_the_variable_of_its_name_as_its_type():
     got = settings_with({
         "WEBFARM_HOST_BUDGET": "20", "WEBFARM_NEARDUP": "off", "WEBFARM_INDEX_BATCH_SECONDS":
-        "0.5", "WEBFARM_ITEM_PIPELINES": '{"pipelines.mine.Clean": 400}',
+        "2", "WEBFARM_ITEM_PIPELINES": '{"pipelines.mine.Clean": 400}',
         # Scrapy's own settings: from WEBFARM_<NAME>, never from a bare LOG_LEVEL or
         # USER_AGENT a container sets for other programs.
         "WEBFARM_DEPTH_LIMIT": "3", "WEBFARM_DOWNLOAD_TIMEOUT": "7.5", "LOG_LEVEL": "DEBUG",
@@ -45,8 +45,11 @@ def test_a_setting_comes_from_the_variable_of_its_name_as_its_type():
         "ITEM_PIPELINES": "WEBFARM_ITEM_PIPELINES", "DEPTH_LIMIT": "WEBFARM_DEPTH_LIMIT",
         "DOWNLOAD_TIMEOUT": "WEBFARM_DOWNLOAD_TIMEOUT", "WEBFARM_RETRY_TIMES":
         "WEBFARM_RETRY_TIMES"}
+    # A whole number for a float setting stays a float: read as an int, the start-up
+    # check took the setting for a count and refused -s ...=0.5 ("not a whole number").
+    assert isinstance(got["WEBFARM_INDEX_BATCH_SECONDS"], float)
     assert got == {
-        "WEBFARM_HOST_BUDGET": 20, "WEBFARM_NEARDUP": False, "WEBFARM_INDEX_BATCH_SECONDS": 0.5,
+        "WEBFARM_HOST_BUDGET": 20, "WEBFARM_NEARDUP": False, "WEBFARM_INDEX_BATCH_SECONDS": 2.0,
         "ITEM_PIPELINES": {"pipelines.mine.Clean": 400}, "DEPTH_LIMIT": 3,
         "DOWNLOAD_TIMEOUT": 7.5, "LOG_LEVEL": "INFO", "WEBFARM_RETRY_TIMES": 4,
         "RETRY_TIMES": 2, "WEBFARM_HOST_DELAY": 1.0}
