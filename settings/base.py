@@ -1,8 +1,9 @@
 """The one settings module of webfarm.
 
-Every deployment value comes from an environment variable, so scrapyd jobs and
-containers need no file edits; ``-s NAME=value`` (or scrapyd's ``-d setting=``)
-still overrides any of them. Each setting is listed in the README's table.
+Every setting can come from an environment variable (the deployment values below by
+name, the rest by :func:`_from_environment` at the end), so scrapyd jobs and containers
+need no file edits; ``-s NAME=value`` (or scrapyd's ``-d setting=``) still overrides
+any of them. Each setting is listed in the README's table.
 An empty ``REDIS_URL`` / ``MONGO_URI`` / ``BLOB_STORE_URI`` means "use the
 embedded local service under ``WEBFARM_DATA_DIR``".
 """
@@ -20,14 +21,6 @@ _READ_BY_NAME: set[str] = set()  # variables read below by name (their own parsi
 def _env(name: str, default: str = "") -> str:
     _READ_BY_NAME.add(name)
     return os.environ.get(name, default).strip()
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = _env(name)
-    try:
-        return float(raw) if raw else default
-    except ValueError:
-        raise SystemExit(f"{name}={raw!r} is not a number; unset it or give a number") from None
 
 
 BOT_NAME = "webfarm"
@@ -61,8 +54,8 @@ WEBFARM_ROBOTS_WAIT = 30.0  # seconds to wait for another worker's robots.txt fe
 WEBFARM_MAX_CRAWL_DELAY = 60.0  # a larger robots.txt Crawl-delay is capped (and logged)
 WEBFARM_RETRY_AFTER = True  # honour Retry-After on 429/503 by deferring the host
 WEBFARM_RETRY_AFTER_MAX = 3600.0  # a longer Retry-After is capped (and logged)
-DOWNLOAD_DELAY = _env_float("WEBFARM_DOWNLOAD_DELAY", 0.0)
-CONCURRENT_REQUESTS = int(_env_float("WEBFARM_CONCURRENT_REQUESTS", 16))
+DOWNLOAD_DELAY = 0.0
+CONCURRENT_REQUESTS = 16
 CONCURRENT_REQUESTS_PER_DOMAIN = 8
 DOWNLOAD_TIMEOUT = 30
 DOWNLOAD_MAXSIZE = 32 * 1024 * 1024
@@ -96,14 +89,14 @@ WEBFARM_HOST_BUDGET = 0
 WEBFARM_RECENT_FINGERPRINTS = 100_000
 # Seconds between two requests to one host, across all workers (robots.txt Crawl-delay,
 # Retry-After and the latency rule can only make it longer).
-WEBFARM_HOST_DELAY = _env_float("WEBFARM_HOST_DELAY", 1.0)
-WEBFARM_LEASE_SECONDS = _env_float("WEBFARM_LEASE_SECONDS", 600.0)
+WEBFARM_HOST_DELAY = 1.0
+WEBFARM_LEASE_SECONDS = 600.0
 WEBFARM_RETRY_TIMES = 5  # attempts before a request goes to the dead-letter queue
 WEBFARM_RETRY_BACKOFF_BASE = 2.0  # seconds; full jitter over base * 2**attempt
 WEBFARM_RETRY_BACKOFF_MAX = 600.0
 WEBFARM_FLUSH_INTERVAL = 0.5  # seconds between flushes of buffered links and acks
 # A worker stops after the frontier was empty this long (0 = run forever, for fleets).
-WEBFARM_IDLE_TIMEOUT = _env_float("WEBFARM_IDLE_TIMEOUT", 10.0)
+WEBFARM_IDLE_TIMEOUT = 10.0
 
 # Retries go through the frontier (backoff, dead-letter queue), not Scrapy's RetryMiddleware.
 RETRY_ENABLED = True
@@ -209,9 +202,9 @@ if WEBFARM_RENDER not in ("auto", "http", "browser", "api"):
                      "browser or api")
 # Mode per host: "host=mode,host=mode" or JSON {"host": "mode"}; a domain covers subdomains.
 WEBFARM_RENDER_HOSTS = _env("WEBFARM_RENDER_HOSTS")
-WEBFARM_RENDER_MEMORY_SECONDS = _env_float("WEBFARM_RENDER_MEMORY_SECONDS", 21600.0)
+WEBFARM_RENDER_MEMORY_SECONDS = 21600.0
 # Share of a browser-first host's requests still tried over HTTP, to notice it changed.
-WEBFARM_RENDER_PROBE_RATE = _env_float("WEBFARM_RENDER_PROBE_RATE", 0.05)
+WEBFARM_RENDER_PROBE_RATE = 0.05
 # A host goes browser-first once this many of its pages, and this share of them, needed JS.
 WEBFARM_RENDER_HOST_MIN_PAGES = 2
 WEBFARM_RENDER_HOST_SHARE = 0.9
@@ -259,7 +252,7 @@ WEBFARM_STORAGE_PROCESS = True
 # then do not preempt the crawler on its CPU; their CPU share stays nice 0's.
 WEBFARM_HELPER_SCHED_BATCH = True
 # First refetch interval of a new page, in seconds (the refetch policy moves it later).
-WEBFARM_REFETCH_INTERVAL = _env_float("WEBFARM_REFETCH_INTERVAL", 86400.0)
+WEBFARM_REFETCH_INTERVAL = 86400.0
 # Object computing refetch_interval/next_fetch_at on every fetch (import path; from_crawler);
 # webfarm.refetch.RefetchPolicy adapts each page's interval to its estimated change rate,
 # webfarm.index.FixedRefetch keeps WEBFARM_REFETCH_INTERVAL for every page.
@@ -276,7 +269,7 @@ WEBFARM_REFETCH_RULES = _env("WEBFARM_REFETCH_RULES")
 WEBFARM_REFETCH_MEMORY = 30  # checks a page's change-rate estimate remembers (decay 1 - 1/N)
 # Continuous recrawl inside workers: every N seconds one worker (Redis lock) enqueues the due
 # pages; 0 = off (use `scrapy recrawl SPIDER`). A recrawling worker never stops for idleness.
-WEBFARM_RECRAWL_INTERVAL = _env_float("WEBFARM_RECRAWL_INTERVAL", 0.0)
+WEBFARM_RECRAWL_INTERVAL = 0.0
 WEBFARM_RECRAWL_BATCH = 10_000  # most overdue pages enqueued per round
 # Pages (or items) per bulk write, and the longest a page waits for its batch (seconds);
 # an item is done, and its request acknowledged, only once its batch is written. Its
@@ -293,7 +286,7 @@ WEBFARM_INDEX_BATCH_SECONDS = 0.2
 WEBFARM_INDEX_WRITERS = 2  # batches written at once (pages and items, each)
 # A failing MongoDB/S3 is retried with backoff this long; then the request goes back to the
 # frontier (retried later, nothing acknowledged).
-WEBFARM_STORAGE_RETRY_SECONDS = _env_float("WEBFARM_STORAGE_RETRY_SECONDS", 300.0)
+WEBFARM_STORAGE_RETRY_SECONDS = 300.0
 WEBFARM_BLOB_CONCURRENCY = 8  # blob writes at once (threads and S3 connections they may use)
 WEBFARM_S3_MAX_ATTEMPTS = 5  # botocore "standard" retry mode attempts per S3 call
 # Blob keys a worker remembers as stored (up to twice this many, about 110 B each): a page
@@ -324,7 +317,7 @@ WEBFARM_METRICS_FLUSH_INTERVAL = 5.0  # seconds between a worker's pipelined wri
 # Seconds between frontier samples and alert-rule runs (one worker at a time, Redis lock).
 WEBFARM_MONITOR_INTERVAL = 15.0
 # Per-worker Prometheus /metrics (0 = off); give each worker on a machine its own port.
-WEBFARM_PROMETHEUS_PORT = int(_env_float("WEBFARM_PROMETHEUS_PORT", 0))
+WEBFARM_PROMETHEUS_PORT = 0
 WEBFARM_PROMETHEUS_ADDR = _env("WEBFARM_PROMETHEUS_ADDR", "127.0.0.1")
 WEBFARM_PROMETHEUS_TOP_HOSTS = 20  # hosts with their own label; the rest are host="other"
 WEBFARM_ALERTS = True
@@ -362,7 +355,7 @@ def _env_name(name: str) -> str:
 
 def _typed(setting: str, variable: str, raw: str, default: object) -> object:
     """``raw`` as its setting's type (the type of its default here or in Scrapy); a value
-    that does not read as one stops the process with what to give, as ``_env_float``."""
+    that does not read as one stops the process with what to give."""
     low = raw.lower()
     try:
         if isinstance(default, bool):

@@ -36,23 +36,28 @@ def test_a_setting_comes_from_the_variable_of_its_name_as_its_type():
         "WEBFARM_DEPTH_LIMIT": "3", "WEBFARM_DOWNLOAD_TIMEOUT": "7.5", "LOG_LEVEL": "DEBUG",
         # WEBFARM_RETRY_TIMES is webfarm's own setting: it does not set Scrapy's RETRY_TIMES.
         "WEBFARM_RETRY_TIMES": "4", "WEBFARM_HOST_DELAY": "",  # empty: unset
+        # A whole number for a float setting stays a float: read as an int, the start-up
+        # check took the setting for a count and refused -s ...=0.5 ("not a whole number").
+        "WEBFARM_STORAGE_RETRY_SECONDS": "60",
     }, "WEBFARM_HOST_BUDGET", "WEBFARM_NEARDUP", "WEBFARM_INDEX_BATCH_SECONDS",
         "ITEM_PIPELINES", "DEPTH_LIMIT", "DOWNLOAD_TIMEOUT", "LOG_LEVEL", "WEBFARM_RETRY_TIMES",
-        "RETRY_TIMES", "WEBFARM_HOST_DELAY", "WEBFARM_FROM_ENVIRONMENT")
+        "RETRY_TIMES", "WEBFARM_HOST_DELAY", "WEBFARM_STORAGE_RETRY_SECONDS",
+        "WEBFARM_FROM_ENVIRONMENT")
     assert got.pop("WEBFARM_FROM_ENVIRONMENT") == {
         "WEBFARM_HOST_BUDGET": "WEBFARM_HOST_BUDGET", "WEBFARM_NEARDUP": "WEBFARM_NEARDUP",
         "WEBFARM_INDEX_BATCH_SECONDS": "WEBFARM_INDEX_BATCH_SECONDS",
         "ITEM_PIPELINES": "WEBFARM_ITEM_PIPELINES", "DEPTH_LIMIT": "WEBFARM_DEPTH_LIMIT",
         "DOWNLOAD_TIMEOUT": "WEBFARM_DOWNLOAD_TIMEOUT", "WEBFARM_RETRY_TIMES":
-        "WEBFARM_RETRY_TIMES"}
-    # A whole number for a float setting stays a float: read as an int, the start-up
-    # check took the setting for a count and refused -s ...=0.5 ("not a whole number").
+        "WEBFARM_RETRY_TIMES",
+        "WEBFARM_STORAGE_RETRY_SECONDS": "WEBFARM_STORAGE_RETRY_SECONDS",
+        "WEBFARM_IDLE_TIMEOUT": "WEBFARM_IDLE_TIMEOUT"}  # the tests' environment sets it
+    assert isinstance(got["WEBFARM_STORAGE_RETRY_SECONDS"], float)
     assert isinstance(got["WEBFARM_INDEX_BATCH_SECONDS"], float)
     assert got == {
         "WEBFARM_HOST_BUDGET": 20, "WEBFARM_NEARDUP": False, "WEBFARM_INDEX_BATCH_SECONDS": 2.0,
         "ITEM_PIPELINES": {"pipelines.mine.Clean": 400}, "DEPTH_LIMIT": 3,
         "DOWNLOAD_TIMEOUT": 7.5, "LOG_LEVEL": "INFO", "WEBFARM_RETRY_TIMES": 4,
-        "RETRY_TIMES": 2, "WEBFARM_HOST_DELAY": 1.0}
+        "RETRY_TIMES": 2, "WEBFARM_HOST_DELAY": 1.0, "WEBFARM_STORAGE_RETRY_SECONDS": 60.0}
 
 
 def test_a_crawl_takes_the_environment_and_the_command_line_wins(web, stores):
