@@ -61,8 +61,10 @@ def page_query(spider: str, since: dt.datetime | None = None,
     return query
 
 
-def rebuild_response(doc: dict[str, Any], body: bytes) -> Response:
-    """The response a spider callback saw at crawl time, from a ``pages`` document."""
+def rebuild_response(doc: dict[str, Any], body: bytes, request: Request | None = None,
+                     flags: list[str] | None = None) -> Response:
+    """The response a spider callback saw at crawl time, from a ``pages`` document (for
+    ``request``, else a GET of the stored URL)."""
     headers = Headers(doc.get("headers") or {})
     if doc.get("content_type"):
         headers[b"Content-Type"] = doc["content_type"]
@@ -74,7 +76,7 @@ def rebuild_response(doc: dict[str, Any], body: bytes) -> Response:
     if issubclass(cls, TextResponse) and doc.get("encoding"):
         kwargs["encoding"] = doc["encoding"]
     return cls(url=url, status=int(doc.get("status") or 200), headers=headers, body=body,
-               request=Request(doc["url"]), flags=["reparse"], **kwargs)
+               request=request or Request(doc["url"]), flags=flags or ["reparse"], **kwargs)
 
 
 class PageReader:

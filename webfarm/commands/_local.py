@@ -17,7 +17,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from scrapy import Request
 from scrapy.settings import SETTINGS_PRIORITIES
+from w3lib.url import is_url
+
+from webfarm.commands._common import (
+    BAD_CONFIG,
+    CommandError,
+    report,
+    spider_class,
+    spider_settings,
+)
 
 #: Settings these commands get unless given with ``-s``.
 LOCAL = {
@@ -38,3 +48,58 @@ class LocalScheduling:
         for name, value in self.local.items():
             if (self.settings.getpriority(name) or 0) < SETTINGS_PRIORITIES["cmdline"]:
                 self.settings.set(name, value, priority="cmdline")
+
+
+class FromStore(LocalScheduling):
+    """``--stored``: every page comes from the index and blob store, as a crawl kept it
+    (:mod:`webfarm.stored`), and none from the network. The URL given is looked up
+    first, so one that was never stored is one line and exit code 2, not an empty run."""
+
+    def add_options(self, parser: argparse.ArgumentParser) -> None:
+        super().add_options(parser)  # type: ignore[misc]
+        parser.add_argument(
+            "--stored", action="store_true",
+            help="use the page as a crawl stored it (index and blob store), not the web: "
+                 "no request leaves the machine")
+
+    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
+        super().process_options(args, opts)
+        if opts.stored:
+            from webfarm.stored import use_stored_pages  # pymongo, only when asked for
+
+            use_stored_pages(self.settings)
+
+    def run(self, args: list[str], opts: argparse.Namespace) -> None:
+        if opts.stored and args and is_url(args[0]):
+            try:
+                check_stored(self.settings, args[0], getattr(opts, "spider", None))
+            except CommandError as exc:
+                report(self, exc)
+                return
+        super().run(args, opts)  # type: ignore[misc]
+
+
+def check_stored(settings: Any, url: str, spider: str | None) -> None:
+    """CommandError unless a page is stored for ``url`` where the spider that would get it
+    (``--spider``, else the one whose domains take the URL) keeps its pages."""
+    from scrapy.spiderloader import get_spider_loader
+    from scrapy.utils.spider import DefaultSpider, spidercls_for_request
+
+    from webfarm import config
+    from webfarm.stored import NotStored, StoredPages
+
+    loader = get_spider_loader(settings)
+    spidercls = (spider_class(settings, spider) if spider else
+                 spidercls_for_request(loader, Request(url), DefaultSpider))
+    own = spider_settings(settings, spidercls)
+    try:
+        config.check_mongo(config.mongo_uri(own))
+        pages = StoredPages(own)
+    except config.ConfigError as exc:
+        raise CommandError(str(exc), BAD_CONFIG) from None
+    try:
+        pages.find(url)
+    except NotStored as exc:
+        raise CommandError(str(exc)) from None
+    finally:
+        pages.close()

@@ -8,10 +8,10 @@ import warnings
 from scrapy.commands.parse import Command as ScrapyCommand
 from scrapy.exceptions import ScrapyDeprecationWarning
 
-from webfarm.commands._local import LocalScheduling
+from webfarm.commands._local import FromStore
 
 
-class Command(LocalScheduling, ScrapyCommand):
+class Command(FromStore, ScrapyCommand):
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         # Scrapy's parse wraps the spider's callback in one that returns a Deferred, and
         # Scrapy 2.19 warns about that once per run as if the spider did it: not the

@@ -5,8 +5,8 @@ Like Scrapy's shell, it filters no duplicates: ``fetch()`` of the same URL again
 
 from scrapy.commands.shell import Command as ScrapyCommand
 
-from webfarm.commands._local import LOCAL, LocalScheduling
+from webfarm.commands._local import LOCAL, FromStore
 
 
-class Command(LocalScheduling, ScrapyCommand):
+class Command(FromStore, ScrapyCommand):
     local = {**LOCAL, "DUPEFILTER_CLASS": "scrapy.dupefilters.BaseDupeFilter"}

@@ -2,8 +2,8 @@
 
 from scrapy.commands.view import Command as ScrapyCommand
 
-from webfarm.commands._local import LocalScheduling
+from webfarm.commands._local import FromStore
 
 
-class Command(LocalScheduling, ScrapyCommand):
+class Command(FromStore, ScrapyCommand):
     pass

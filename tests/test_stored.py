@@ -1,0 +1,106 @@
+"""``scrapy fetch|view|parse|shell --stored``: the page as a crawl stored it, from the
+index and the blob store, with the site down: no request leaves the machine."""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+
+import pymongo
+import pytest
+from scrapy.settings import Settings
+
+from tests import runner
+from tests.testweb import TestWeb
+from webfarm.blobstore import open_blob_store
+from webfarm.commands import fetch, parse, shell, view
+
+
+def run(stores, *args: str, **env: str) -> runner.Result:
+    env = runner.env_for(WEBFARM_RENDER="http", **stores, **env)
+    return runner.scrapy(list(args), env, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def gone_site(tmp_path_factory, valkey_server, mongo_server):
+    """A product page stored by ``scrapy parse --pipelines``, then the site taken down:
+    (its stores, its URL, the site's base URL, the stored body)."""
+    stores = {"REDIS_URL": valkey_server.url, "MONGO_URI": mongo_server.url,
+              "MONGO_DATABASE": f"wf_{uuid.uuid4().hex[:10]}",
+              "BLOB_STORE_URI": (tmp_path_factory.mktemp("stored") / "blobs").as_uri()}
+    with TestWeb(hosts=("127.0.0.7",), categories=1, products_per_category=3) as web:
+        base = web.base_urls[0]
+        product = f"{base}/product/{min(web.shop(base).products)}"
+        result = run(stores, "parse", "--spider=catalogue", "--pipelines", "--nolog",
+                     "-a", f"start={base}/", product)
+        assert result.returncode == 0, result.output[-3000:]
+    client = pymongo.MongoClient(stores["MONGO_URI"])
+    try:
+        page = client[stores["MONGO_DATABASE"]].pages.find_one({"url": product})
+        assert page is not None
+        body = open_blob_store(stores["BLOB_STORE_URI"]).get(page["blob_key"])
+        yield stores, product, base, body
+    finally:
+        client.drop_database(stores["MONGO_DATABASE"])
+        client.close()
+
+
+def test_fetch_stored_prints_the_kept_body_with_the_site_down(gone_site):
+    stores, product, _, body = gone_site
+    result = run(stores, "fetch", "--stored", "--nolog", product)
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.stdout.encode() == body + b"\n"  # Scrapy's fetch adds the newline
+
+
+def test_parse_stored_runs_the_callback_and_follows_only_stored_pages(gone_site):
+    """The item comes out of the stored page; a link it follows (``--depth 2``) has no
+    stored page, and fails alone with one line naming it."""
+    stores, product, base, _ = gone_site
+    sku = product.rsplit("/", 1)[1]
+    result = run(stores, "parse", "--stored", "--spider=catalogue", "-a", f"start={base}/",
+                 "--depth", "2", product)
+    assert result.returncode == 0, result.output[-3000:]
+    assert f"'sku': '{sku}'" in result.stdout
+    assert f"no stored page for {base}/" in result.stderr
+    assert "'webfarm/stored/served': 1" in result.stderr
+    assert "'webfarm/stored/missing'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_shell_stored_gives_the_stored_response(gone_site):
+    stores, product, _, _ = gone_site
+    code = "(response.status, response.flags, response.css('title::text').get())"
+    result = run(stores, "shell", "--stored", "--nolog", "-c", code, product)
+    assert result.returncode == 0, result.output[-3000:]
+    assert "(200, ['stored'], " in result.stdout
+
+
+def test_a_page_never_stored_is_one_line_and_exit_code_2(gone_site):
+    stores, _, base, _ = gone_site
+    result = run(stores, "fetch", "--stored", "--nolog", f"{base}/about")
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"webfarm: no stored page for {base}/about in mongodb://")
+    assert "without --stored" in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("command", [fetch.Command, view.Command, parse.Command,
+                                     shell.Command])
+def test_stored_answers_from_the_stores_over_any_s_setting(command):
+    cmd = command()
+    cmd.settings = Settings({"DOWNLOAD_HANDLERS": {"http": "x.Handler"},
+                             "DOWNLOADER_MIDDLEWARES_BASE": {
+                                 "middlewares.render.RenderMiddleware": 560,
+                                 "middlewares.robots.RobotsMiddleware": 100}},
+                            priority="project")
+    parser = argparse.ArgumentParser(conflict_handler="resolve")  # as scrapy.cmdline's
+    cmd.add_options(parser)
+    opts = parser.parse_args(["--stored", "-s", "ROBOTSTXT_OBEY=1"])
+    cmd.process_options([], opts)
+    assert cmd.settings.getdict("DOWNLOAD_HANDLERS") == {
+        "http": "webfarm.stored.StoredPageHandler", "https": "webfarm.stored.StoredPageHandler"}
+    assert cmd.settings.getbool("ROBOTSTXT_OBEY") is False
+    assert cmd.settings.getdict("DOWNLOADER_MIDDLEWARES_BASE") == {
+        "middlewares.render.RenderMiddleware": None,
+        "middlewares.robots.RobotsMiddleware": 100,
+        "middlewares.ssrf.SSRFGuardMiddleware": None}
