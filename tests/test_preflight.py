@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pymongo
@@ -12,6 +13,7 @@ from tests import runner, servers
 from tests.servers import free_port
 from webfarm import config
 from webfarm.config import ConfigError
+from webfarm.redischeck import check_redis
 
 
 @pytest.fixture()
@@ -243,8 +245,8 @@ def secured_redis(tmp_path_factory):
 def test_a_redis_with_a_password_says_what_to_fix(secured_redis, credentials, message):
     """Both said 'cannot reach ...; start that server', with the server answering."""
     with pytest.raises(ConfigError, match=message):
-        config.check_redis(f"redis://{credentials}{secured_redis}")
-    config.check_redis(f"redis://:s3cret@{secured_redis}")
+        check_redis(f"redis://{credentials}{secured_redis}")
+    check_redis(f"redis://:s3cret@{secured_redis}")
 
 
 @pytest.fixture(scope="module")
@@ -267,13 +269,13 @@ def acl_redis(secured_redis):
 def test_a_redis_user_the_acl_limits_is_told_what_to_grant(acl_redis, user, why):
     """Before, the ping passed and the crawl died opening its scheduler, with tracebacks."""
     with pytest.raises(ConfigError) as caught:
-        config.check_redis(f"redis://{user}:pw@{acl_redis}", spider="generic")
+        check_redis(f"redis://{user}:pw@{acl_redis}", spider="generic")
     assert str(caught.value) == (
         f"REDIS_URL: user '{user}' at redis://{acl_redis} may not do what webfarm needs ({why}): "
         "run Lua scripts (EVALSHA, SCRIPT LOAD) that read and write the keys webfarm:*; "
         f"grant that, e.g. ACL SETUSER {user} ~webfarm:* +@all -@dangerous")
-    config.check_redis(f"redis://{user}:pw@{acl_redis}")  # without a spider: only the ping
-    config.check_redis(f"redis://crawler:pw@{acl_redis}", spider="generic")
+    check_redis(f"redis://{user}:pw@{acl_redis}")  # without a spider: only the ping
+    check_redis(f"redis://crawler:pw@{acl_redis}", spider="generic")
 
 
 def test_a_crawl_or_a_seed_as_a_read_only_redis_user_stops_in_one_line(acl_redis, good, web):
@@ -307,6 +309,29 @@ def own_redis(tmp_path):
         server.stop()
 
 
+def test_a_redis_that_keeps_the_frontier_in_memory_only_is_said_at_start(own_redis, caplog):
+    """appendonly no and no save points: a restart of the server empties the frontier.
+    A worker (and seed, recrawl) says so, once, at start; snapshots or the log are fine."""
+    admin = redis.Redis.from_url(own_redis.url)
+    admin.config_set("appendonly", "no")
+    with caplog.at_level(logging.WARNING, logger="webfarm.redischeck"):
+        check_redis(own_redis.url, spider="generic")
+        check_redis(own_redis.url)  # a reading command is not told
+    said = [r.getMessage() for r in caplog.records if r.name == "webfarm.redischeck"]
+    assert said == [f"REDIS_URL: {own_redis.url} keeps the frontier in memory only "
+                    "(appendonly no, no save points): if that server restarts, the queued "
+                    "URLs, leases and seen URLs are gone and the spider must be seeded "
+                    "again. Set appendonly yes (appendfsync everysec) on it"]
+    caplog.clear()
+    admin.config_set("save", "3600 1")  # snapshots: a restart redoes work, loses none
+    check_redis(own_redis.url, spider="generic")
+    admin.config_set("save", "")
+    admin.config_set("appendonly", "yes")
+    check_redis(own_redis.url, spider="generic")
+    assert [r for r in caplog.records if r.name == "webfarm.redischeck"] == []
+    admin.close()
+
+
 def test_a_redis_that_evicts_keys_when_full_is_refused_for_writing(own_redis, good, web):
     """A Redis set up as a cache (maxmemory with an allkeys-* policy) drops keys of its
     choice once full: queued requests, leases and the dupefilter would vanish silently."""
@@ -317,15 +342,15 @@ def test_a_redis_that_evicts_keys_when_full_is_refused_for_writing(own_redis, go
             r"^REDIS_URL: redis://127\.0\.0\.1:\d+/0 evicts keys when it is full \(maxmemory 64 "
             r"MiB, maxmemory-policy allkeys-lru\): the frontier's queues, leases and seen URLs "
             r"would disappear without an error\. Set maxmemory-policy noeviction")):
-        config.check_redis(own_redis.url, spider="generic")
-    config.check_redis(own_redis.url)  # reading (scrapy frontier, dlq --list) is still fine
+        check_redis(own_redis.url, spider="generic")
+    check_redis(own_redis.url)  # reading (scrapy frontier, dlq --list) is still fine
     env = runner.env_for(**{**good, "REDIS_URL": own_redis.url})
     result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/"], env, 60)
     assert result.returncode == 1 and "Traceback" not in result.output, result.output[-2000:]
     assert "evicts keys when it is full" in result.stderr and web.hits == []
     for policy in ("volatile-lru", "noeviction"):  # only keys with a TTL, or none
         admin.config_set("maxmemory-policy", policy)
-        config.check_redis(own_redis.url, spider="generic")
+        check_redis(own_redis.url, spider="generic")
     admin.close()
 
 

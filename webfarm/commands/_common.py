@@ -18,6 +18,7 @@ from scrapy.spiderloader import get_spider_loader
 from webfarm import config
 from webfarm.frontier import Frontier
 from webfarm.queue import open_frontier
+from webfarm.redischeck import check_redis, redis_address
 from webfarm.redisconn import CLIENT_OPTIONS
 
 #: exit codes: bad input (arguments, files, URLs) vs. a deployment that is not reachable
@@ -75,7 +76,7 @@ def open_spider_frontier(settings: BaseSettings, name: str, writes: bool = True)
     try:
         config.check_settings(settings)
         url = config.redis_url(settings)
-        config.check_redis(url, service_variable(settings, "REDIS_URL"),
+        check_redis(url, service_variable(settings, "REDIS_URL"),
                            spider=name if writes else None)
     except config.ConfigError as exc:
         raise CommandError(str(exc), BAD_CONFIG) from None
@@ -87,7 +88,7 @@ def open_spider_frontier(settings: BaseSettings, name: str, writes: bool = True)
 
 def where(frontier: Frontier) -> str:
     """``redis://host:port/db``, for the header line (no password)."""
-    return config.redis_address(frontier.server)
+    return redis_address(frontier.server)
 
 
 @dataclass(frozen=True)
