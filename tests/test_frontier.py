@@ -615,3 +615,28 @@ def test_a_host_budget_admits_that_many_urls_of_a_host_across_workers(
     assert unlimited.push([entry("a", "m5"), entry("a", "m4")]) == [True, False]
     with pytest.raises(ValueError, match="host_budget must be 0 .no limit. or more"):
         Frontier(client, "spider", host_budget=-1)
+
+
+def test_a_worker_s_exchanges_are_counted_so_writes_redis_lost_show(frontier, client, caplog):
+    """Each exchange of a worker adds one to its count, in the same atomic call, so a
+    count the worker saw before means Redis lost writes it had acknowledged (restored
+    from an older snapshot, a lagging replica promoted). One the worker skips is a call
+    applied twice (redis-py sends it again after a dropped connection): nothing lost."""
+    lost: list[int] = []
+    link = FrontierLink(frontier, "w1", on_lost_writes=lambda: lost.append(1))
+    counts = []
+    for name in ("a", "b", "c"):
+        link.push.append(entry("h.test", name))
+        counts.append(link.exchange(pop=0).count)
+    assert counts == [1, 2, 3] and lost == []
+    assert frontier.exchange("", push=[entry("h.test", "d")], pop=0).count == 0  # no worker
+    client.hincrby(frontier.prefix + "workers", "w1", 1)  # a call applied twice
+    assert link.exchange(pop=0).count == 5 and lost == []
+    client.hset(frontier.prefix + "workers", "w1", 2)  # back to before the last three
+    with caplog.at_level("WARNING", logger="webfarm.frontierlink"):
+        assert link.exchange(pop=0).count == 3
+    assert lost == [1]
+    assert "Redis lost this worker's last 3 frontier exchanges" in caplog.text
+    assert link.exchange(pop=0).count == 4 and lost == [1]  # counted from there on
+    frontier.release_worker("w1")  # a worker that stops leaves no count behind
+    assert client.hget(frontier.prefix + "workers", "w1") is None

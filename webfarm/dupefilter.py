@@ -60,6 +60,9 @@ class RecentFingerprints:
     def __contains__(self, fingerprint: Hashable) -> bool:
         return fingerprint in self._new or fingerprint in self._old
 
+    def clear(self) -> None:
+        self._new, self._old = set(), set()
+
     def add(self, fingerprint: Hashable) -> None:
         if not self.size:
             return

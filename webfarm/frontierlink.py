@@ -53,6 +53,7 @@ class FrontierLink:
         on_exchange: Callable[[Exchange, int, bool], None] | None = None,
         leases_held: Callable[[], int] = lambda: 0,
         on_idle_answer: Callable[[], None] = lambda: None,
+        on_lost_writes: Callable[[], None] = lambda: None,
     ) -> None:
         self.frontier = frontier
         self.worker = worker
@@ -62,6 +63,9 @@ class FrontierLink:
         self.on_exchange = on_exchange or (lambda result, pop, later: None)
         self.leases_held = leases_held  # for the outage log line
         self.on_idle_answer = on_idle_answer  # a check of frontier_idle() is back
+        #: Redis lost writes of this worker it had acknowledged (see :meth:`_check_count`)
+        self.on_lost_writes = on_lost_writes
+        self._count = 0  # this worker's exchanges, as the frontier last counted them
         self._idle_check: asyncio.Future[bool] | None = None
         self.push: list[Entry] = []
         self.acks: list[str] = []
@@ -116,6 +120,7 @@ class FrontierLink:
             return None
         self.push, self.acks = [], []
         self.ok()
+        self._check_count(result)
         self._counted(push, result)
         self.on_exchange(result, pop, False)
         return result
@@ -154,6 +159,7 @@ class FrontierLink:
         finally:
             self.in_flight = None
         self.ok()
+        self._check_count(result)
         self._counted(push, result)
         self.on_exchange(result, pop, True)
         if self.ops:  # came while this one was on its way
@@ -251,6 +257,25 @@ class FrontierLink:
                         time.monotonic() - self.down_since)
             self.down_since = None
         self._failures = 0
+
+    def _check_count(self, result: Exchange) -> None:
+        """Each exchange adds one to this worker's count in the frontier, in the same atomic
+        call. A count no higher than the last one seen means Redis lost writes it had
+        acknowledged: it restarted from an older snapshot (or empty), or failed over to a
+        replica that lagged. (A count that skips one is a call redis-py retried after a
+        dropped connection, applied twice: nothing lost.)"""
+        if not result.count:
+            return
+        if result.count <= self._count:
+            logger.warning(
+                "Redis lost this worker's last %d frontier exchanges (it restarted from an "
+                "older state, or failed over to a replica that lagged): the links they "
+                "pushed are queued again as pages that found them are fetched again, once "
+                "their leases expire (WEBFARM_LEASE_SECONDS); host delays are set again",
+                self._count - result.count + 1)
+            self._inc("webfarm/frontier/lost_writes")
+            self.on_lost_writes()
+        self._count = result.count
 
     def _counted(self, push: list[Entry], result: Exchange) -> None:
         added, over = sum(result.enqueued), sum(result.over_budget)

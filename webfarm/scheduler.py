@@ -155,7 +155,8 @@ class Scheduler(BaseScheduler):
         self.link = FrontierLink(self.frontier, self.worker, self.stats, aio,
                                  on_exchange=self._exchanged,
                                  leases_held=lambda: len(self._inflight),
-                                 on_idle_answer=self._wake)
+                                 on_idle_answer=self._wake,
+                                 on_lost_writes=self._frontier_lost_writes)
         self._loop = LoopingCall(self.link.tick)
         self._loop.start(self.flush_interval, now=False)
         counts = self.frontier.counts()
@@ -390,6 +391,14 @@ class Scheduler(BaseScheduler):
                 self.link.delays[host] = after
             else:
                 self.link.op("set_delay", self.frontier._delay_args(host, after))
+
+    def _frontier_lost_writes(self) -> None:
+        """Redis went back in time: forget which links this worker sent (they may be gone,
+        and would be dropped here when a page that found them is fetched again) and send
+        every host delay this worker knows again (robots.txt's Crawl-delay included)."""
+        self._recent.clear()
+        for host, sources in self._delays.items():  # sent with the next exchange or tick
+            self.link.delays[host] = max(sources.values())
 
     def _slot_delay(self, host: str) -> None:
         delay = self._slots.first_seen(host)

@@ -63,6 +63,8 @@ class Exchange(NamedTuple):
     ready_in: float | None  # seconds until something may be ready, when fewer were popped
     # per pushed entry: refused because its host used its budget (not seen, not enqueued)
     over_budget: list[bool] = []
+    # the worker's exchanges so far, this one included (0: pushed without a worker name)
+    count: int = 0
 
 
 def key_prefix(spider: str) -> str:
@@ -213,13 +215,13 @@ class Frontier(FrontierReads):
         popped = [
             Popped(as_text(reply[i]), as_text(reply[i + 1]), as_text(reply[i + 2]),
                    int(reply[i + 3]))
-            for i in range(3, len(reply), 4)
+            for i in range(4, len(reply), 4)
         ]
         ready_in = None if int(reply[2]) < 0 else int(reply[2]) / 1000
         if pop:
             self.last_ready_in = None if len(popped) == pop else ready_in
         return Exchange(int(reply[0]), [c == ord("1") for c in flags], popped, ready_in,
-                        [c == ord("2") for c in flags])
+                        [c == ord("2") for c in flags], int(reply[3]))
 
     def push(self, entries: Sequence[Entry]) -> list[bool]:
         """Seen-check and enqueue a batch (a page's links) in one call.

@@ -17,6 +17,8 @@
 --   stats     HASH  counters: queued, seen, retried, expired; dupefilter (the mode in use)
 --   retries   HASH  retry reason -> count
 --   seq       STR   counter for entry sequence numbers and lease ids
+--   workers   HASH  worker -> its exchanges so far (a worker that is told a count it saw
+--                   before knows Redis lost its last writes: restarted, or failed over)
 --   seen      SET   fingerprints (dupefilter 'set')
 --   urls      HASH  host -> URLs admitted through the dupefilter (the host budget counts these)
 --   bloom     HASH  the Bloom filter's layers; bloom:<i> STRING layer i's bitmap
@@ -28,7 +30,7 @@ local OP = ARGV[2]
 local K_STATS, K_READY, K_COOL, K_DELAY = P .. 'stats', P .. 'ready', P .. 'cool', P .. 'delay'
 local K_DELAYED, K_LEASES, K_LEASE = P .. 'delayed', P .. 'leases', P .. 'lease'
 local K_SEQ, K_DEAD, K_SEEN, K_BLOOM = P .. 'seq', P .. 'dead', P .. 'seen', P .. 'bloom'
-local K_RETRIES, K_URLS = P .. 'retries', P .. 'urls'
+local K_RETRIES, K_URLS, K_WORKERS = P .. 'retries', P .. 'urls', P .. 'workers'
 
 local T = redis.call('TIME')
 local NOW = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000) -- ms, an exact integer

@@ -77,7 +77,8 @@ local OPS = {}
 -- ARGV: 3 worker, 4 lease_ms, 5 default_delay_ms, 6 batch, 7 want, 8 mode, 9 cap0, 10 err0,
 --       11 host budget (0: none), 12 n_ack, 13 n_push, then n_ack lease ids, then n_push
 --       entries (see push).
--- Returns {acked, push flags '1'/'0'/'2', ready_in ms or -1, lease, host, payload, attempts...}
+-- Returns {acked, push flags '1'/'0'/'2', ready_in ms or -1, the worker's exchange count (0
+-- without a worker), then lease, host, payload, attempts of each pop}
 OPS.step = function()
   local worker, lease_ms, default_ms = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
   local batch, want = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -98,7 +99,9 @@ OPS.step = function()
   if n_push > 0 then
     flags = push(14 + n_ack, n_push, mode, ARGV[9], ARGV[10], tonumber(ARGV[11]))
   end
-  local out = {acked, flags, '-1'}
+  local count = 0
+  if worker ~= '' then count = redis.call('HINCRBY', K_WORKERS, worker, 1) end
+  local out = {acked, flags, '-1', count}
   if want > 0 then
     maintain(batch)
     local got = 0
@@ -126,6 +129,7 @@ end
 -- release_worker: ARGV[3] worker. Walks the lease hash (in-flight requests only).
 OPS.release_worker = function()
   local n, prefix = 0, ARGV[3] .. ' '
+  redis.call('HDEL', K_WORKERS, ARGV[3])
   local flat = redis.call('HGETALL', K_LEASE)
   for i = 1, #flat, 2 do
     if string.sub(flat[i + 1], 1, #prefix) == prefix then
