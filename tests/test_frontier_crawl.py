@@ -69,8 +69,11 @@ def test_two_workers_keep_the_host_delay_at_the_server(shop, stores, tmp_path, s
     hits = sorted(h.monotonic for h in page_hits(shop, base))
     gaps = [b - a for a, b in zip(hits, hits[1:], strict=False)]
     assert len(hits) == len(shop.expected_pages(base))  # every page once, none twice
-    # Measured at the server; a few ms of jitter between hand-out and arrival is allowed.
-    assert min(gaps) >= delay * 0.9, sorted(gaps)[:5]
+    # Measured at the server. Between hand-out and arrival a request may wait for a busy
+    # CPU (two workers, their helpers and the servers share 2 cores), so one gap may be
+    # shorter by that wait. Were each worker to keep only its own delay, half would be.
+    short = [g for g in gaps if g < delay * 0.9]
+    assert len(short) <= 1 and min(gaps) >= delay * 0.75, sorted(gaps)[:5]
     dequeued = [json_stat(tmp_path / log, "webfarm/frontier/dequeued") for log in ("a.log",
                                                                                    "b.log")]
     assert all(n > 0 for n in dequeued), dequeued  # both workers took part

@@ -311,24 +311,27 @@ def own_redis(tmp_path):
 
 def test_a_redis_that_keeps_the_frontier_in_memory_only_is_said_at_start(own_redis, caplog):
     """appendonly no and no save points: a restart of the server empties the frontier.
-    A worker (and seed, recrawl) says so, once, at start; snapshots or the log are fine."""
+    A worker (and seed, recrawl) says so, once, at start; the log or snapshots are fine."""
     admin = redis.Redis.from_url(own_redis.url)
-    admin.config_set("appendonly", "no")
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "webfarm.redischeck"]
+
     with caplog.at_level(logging.WARNING, logger="webfarm.redischeck"):
+        check_redis(own_redis.url, spider="generic")  # appendonly yes, no save points
+        assert said() == []
+        admin.config_set("appendonly", "no")
         check_redis(own_redis.url, spider="generic")
         check_redis(own_redis.url)  # a reading command is not told
-    said = [r.getMessage() for r in caplog.records if r.name == "webfarm.redischeck"]
-    assert said == [f"REDIS_URL: {own_redis.url} keeps the frontier in memory only "
-                    "(appendonly no, no save points): if that server restarts, the queued "
-                    "URLs, leases and seen URLs are gone and the spider must be seeded "
-                    "again. Set appendonly yes (appendfsync everysec) on it"]
-    caplog.clear()
-    admin.config_set("save", "3600 1")  # snapshots: a restart redoes work, loses none
-    check_redis(own_redis.url, spider="generic")
-    admin.config_set("save", "")
-    admin.config_set("appendonly", "yes")
-    check_redis(own_redis.url, spider="generic")
-    assert [r for r in caplog.records if r.name == "webfarm.redischeck"] == []
+        assert said() == [
+            f"REDIS_URL: {own_redis.url} keeps the frontier in memory only (appendonly no, "
+            "no save points): if that server restarts, the queued URLs, leases and seen URLs "
+            "are gone and the spider must be seeded again. Set appendonly yes (appendfsync "
+            "everysec) on it"]
+        caplog.clear()
+        admin.config_set("save", "3600 1")  # snapshots: a restart redoes work, loses none
+        check_redis(own_redis.url, spider="generic")
+        assert said() == []
     admin.close()
 
 
