@@ -37,6 +37,7 @@ SIZE_ROUTES: dict[str, object] = {
     "/bomb-deflate": h.gzip_bomb(BOMB, encoding="deflate"),
     "/small-gzip": h.gzip_bomb(MAXSIZE // 2),  # compressed and under the limit: fine
     "/header-flood": h.header_flood(),  # 1.76 GB in 5 s into a bare Scrapy worker
+    "/header-line": Response(302, {"Location": "/next?" + "a" * 20_000}),  # one 20 KB line
 }
 OTHER_ROUTES: dict[str, object] = {
     **h.redirect_cycle("/loop/a", "/loop/b"),
@@ -101,14 +102,19 @@ def test_oversized_bodies_and_compression_bombs(web, bombs_ready, stores):
     letter = dead[base + "/header-flood"]
     assert letter["reason"] == "response headers over WEBFARM_MAX_HEADER_BYTES (262144 B)"
     assert letter["attempts"] == 1, letter
+    # One header line past the HTTP client's 16 KiB: before, a closed connection, fetched
+    # again and again as a network error.
+    letter = dead[base + "/header-line"]
+    assert letter["reason"] == "a response header line over 16384 B (the HTTP client's limit)"
+    assert letter["attempts"] == 1, letter
     assert set(pages) == {base + "/small-gzip"}
     assert pages[base + "/small-gzip"]["status"] == 200
-    assert len(dead) == 5, sorted(dead)
+    assert len(dead) == 6, sorted(dead)
     # The server was asked once per page: no retry loop.
     for path in starts:
         assert len(web.hits_for(host=base, path=path)) == 1, path
-    assert crawlcheck.stat(result.output, "webfarm/limits/too_big") == 5
-    assert crawlcheck.stat(result.output, "webfarm/limits/too_big/headers") == 1
+    assert crawlcheck.stat(result.output, "webfarm/limits/too_big") == 6
+    assert crawlcheck.stat(result.output, "webfarm/limits/too_big/headers") == 2
 
 
 def test_loops_drips_truncation_charsets_and_broken_html(web, stores):

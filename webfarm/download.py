@@ -38,8 +38,8 @@ MAX_HEADER_BYTES = 256 * 1024
 class HeadersTooLarge(Exception):
     """A response's status line and headers passed ``WEBFARM_MAX_HEADER_BYTES``."""
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"response headers over WEBFARM_MAX_HEADER_BYTES ({limit} B)")
+    def __init__(self, limit: int, what: str = "") -> None:
+        super().__init__(what or f"response headers over WEBFARM_MAX_HEADER_BYTES ({limit} B)")
         self.limit = limit
 
 
@@ -82,6 +82,13 @@ class _BoundedParser(http11._LenientHTTPClientParser):
             # and fails the request with it.
             raise HeadersTooLarge(self.max_header_bytes)
         super().lineReceived(line)
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        # Twisted drops the connection on a line over MAX_LENGTH (16 KiB): the request
+        # failed as "Connection was closed cleanly", a network error, and was fetched
+        # again WEBFARM_RETRY_TIMES times for the same answer. Dead-lettered at once now.
+        raise HeadersTooLarge(self.MAX_LENGTH, f"a response header line over "
+                                               f"{self.MAX_LENGTH} B (the HTTP client's limit)")
 
 
 class _BoundedProtocol(http11._LenientHTTP11ClientProtocol):
