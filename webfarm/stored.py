@@ -79,7 +79,7 @@ class StoredPages:
 
     def find(self, url: str) -> dict[str, Any]:
         """The page stored for ``url`` (as requested, or as a redirect ended there)."""
-        fields = dict.fromkeys(PROJECTION, 1)
+        fields = dict.fromkeys((*PROJECTION, "spider"), 1)
         doc = self.index.pages.find_one({"_id": url_fingerprint(url)}, fields) \
             or self.index.pages.find_one({"final_url": url}, fields)
         if doc is None:

@@ -53,7 +53,8 @@ class LocalScheduling:
 class FromStore(LocalScheduling):
     """``--stored``: every page comes from the index and blob store, as a crawl kept it
     (:mod:`webfarm.stored`), and none from the network. The URL given is looked up
-    first, so one that was never stored is one line and exit code 2, not an empty run."""
+    first, so one that was never stored is one line and exit code 2, not an empty run;
+    without ``--spider``, the spider that stored it gets it (its callbacks, for parse)."""
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)  # type: ignore[misc]
@@ -72,16 +73,19 @@ class FromStore(LocalScheduling):
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         if opts.stored and args and is_url(args[0]):
             try:
-                check_stored(self.settings, args[0], getattr(opts, "spider", None))
+                stored_by = check_stored(self.settings, args[0], getattr(opts, "spider", None))
             except CommandError as exc:
                 report(self, exc)
                 return
+            if hasattr(opts, "spider") and not opts.spider:
+                opts.spider = stored_by
         super().run(args, opts)  # type: ignore[misc]
 
 
-def check_stored(settings: Any, url: str, spider: str | None) -> None:
+def check_stored(settings: Any, url: str, spider: str | None) -> str | None:
     """CommandError unless a page is stored for ``url`` where the spider that would get it
-    (``--spider``, else the one whose domains take the URL) keeps its pages."""
+    (``--spider``, else the one whose domains take the URL) keeps its pages; the name of
+    the project's spider that stored it, if it still has one of that name."""
     from scrapy.spiderloader import get_spider_loader
     from scrapy.utils.spider import DefaultSpider, spidercls_for_request
 
@@ -98,8 +102,9 @@ def check_stored(settings: Any, url: str, spider: str | None) -> None:
     except config.ConfigError as exc:
         raise CommandError(str(exc), BAD_CONFIG) from None
     try:
-        pages.find(url)
+        name = pages.find(url).get("spider")
     except NotStored as exc:
         raise CommandError(str(exc)) from None
     finally:
         pages.close()
+    return name if name in loader.list() else None
