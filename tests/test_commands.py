@@ -21,9 +21,10 @@ from webfarm.serialize import loads
 from webfarm.urls import host_of
 
 FRONTIER_KEYS = {
-    "spider", "prefix", "redis", "queued", "hosts", "ready_hosts", "delayed", "leased", "dead",
-    "seen", "seen_exact", "dupefilter", "dupefilter_bytes", "bloom_layers", "retried",
-    "expired", "default_delay", "host_budget", "hosts_listed", "per_host",
+    "spider", "prefix", "redis", "queued", "hosts", "ready_hosts", "delayed", "leased",
+    "leases_by_worker", "dead", "seen", "seen_exact", "dupefilter", "dupefilter_bytes",
+    "bloom_layers", "retried", "expired", "default_delay", "host_budget", "hosts_listed",
+    "per_host",
 }
 LETTER_KEYS = {"reason", "status", "error", "attempts", "first", "last", "host", "priority",
                "worker", "method", "url", "requeueable"}
@@ -211,13 +212,13 @@ def test_frontier_table_json_and_reset(stores, client):
     frontier.push(entries)
     frontier.set_delay("quiet.test:8080", 2.5)
     frontier.defer_host("busy.test", 300)
-    frontier.pop("w")  # quiet.test's only entry: now leased
+    frontier.pop("vm1:81:a1b2c3")  # quiet.test's only entry: now leased by that worker
 
     table = ok(run(stores, "frontier", "generic", "--top", "1"))
     lines = table.splitlines()
     assert lines[0].startswith("frontier webfarm:{generic}: on redis://")
     assert any(line.split()[:2] == ["queued", "5"] for line in lines)
-    assert any(line.split()[:2] == ["leased", "1"] for line in lines)
+    assert "  leased   1   in flight on 1 worker: vm1:81:a1b2c3 (1)" in lines
     header = next(i for i, line in enumerate(lines) if line.startswith("HOST"))
     assert lines[header].split() == ["HOST", "QUEUED", "URLS", "DELAY", "NEXT", "ALLOWED"]
     busy = lines[header + 1].split()
@@ -229,6 +230,7 @@ def test_frontier_table_json_and_reset(stores, client):
     doc = json.loads(ok(run(stores, "frontier", "generic", "--json")))
     assert set(doc) == FRONTIER_KEYS
     assert (doc["queued"], doc["hosts"], doc["ready_hosts"], doc["leased"]) == (5, 1, 0, 1)
+    assert doc["leases_by_worker"] == {"vm1:81:a1b2c3": 1}
     assert doc["dupefilter"] == "bloom" and doc["seen"] == 6 and doc["dupefilter_bytes"] > 0
     assert [h["host"] for h in doc["per_host"]] == ["busy.test", "quiet.test:8080"]
     assert set(doc["per_host"][0]) == {"host", "queued", "urls", "delay", "next_allowed_in"}

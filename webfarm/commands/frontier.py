@@ -78,6 +78,7 @@ def snapshot(frontier: Frontier, top: int = 0) -> dict[str, Any]:
         "ready_hosts": counts["ready_hosts"],
         "delayed": counts["delayed"],
         "leased": counts["leased"],
+        "leases_by_worker": frontier.leases_by_worker(),
         "dead": counts["dead"],
         "seen": counts["seen"],
         "seen_exact": mode == "set",
@@ -96,6 +97,15 @@ def snapshot(frontier: Frontier, top: int = 0) -> dict[str, Any]:
 def host_table(rows: list[dict[str, Any]], columns: list[Column] | None = None) -> str:
     """The per-host table of :func:`snapshot` rows (extra columns: pass ``columns``)."""
     return render_table(rows, HOST_COLUMNS if columns is None else columns)
+
+
+def _workers(leases: dict[str, int], shown: int = 3) -> str:
+    """``in flight on 2 workers: vm1:81:a1b2c3 (5), vm2:90:d4e5f6 (3)``, the busiest first."""
+    if not leases:
+        return "in flight on workers"
+    names = [f"{name} ({n:,})" for name, n in list(leases.items())[:shown]]
+    more = f", … {len(leases) - shown} more" if len(leases) > shown else ""
+    return f"in flight on {_n(len(leases), 'worker')}: {', '.join(names)}{more}"
 
 
 def _n(count: int, word: str) -> str:
@@ -120,7 +130,7 @@ def summary(doc: dict[str, Any]) -> str:
         ("queued", f"{doc['queued']:,}",
          f"{_n(doc['hosts'], 'host')}, {doc['ready_hosts']:,} ready now"),
         ("delayed", f"{doc['delayed']:,}", "retries waiting for their backoff"),
-        ("leased", f"{doc['leased']:,}", "in flight on workers"),
+        ("leased", f"{doc['leased']:,}", _workers(doc["leases_by_worker"])),
         ("dead", f"{doc['dead']:,}", f"scrapy dlq {doc['spider']} --list"),
         ("seen", f"{approx}{doc['seen']:,}", f"{kind}, {_size(doc['dupefilter_bytes'])}"),
         ("retried", f"{doc['retried']:,}", f"all time; {_n(doc['expired'], 'lease')} expired"),

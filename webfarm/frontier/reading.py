@@ -94,6 +94,16 @@ class FrontierReads:
         out.sort(key=lambda h: (-h["queued"], h["host"]))
         return out
 
+    def leases_by_worker(self) -> dict[str, int]:
+        """Leases (requests in flight) per worker name, most first: which workers are at
+        work. A lease record starts with its worker's name; the records are read in
+        pages (HSCAN), as each holds its request."""
+        counts: dict[str, int] = {}
+        for _, record in self.server.hscan_iter(self.key("lease"), count=MAX_READ):
+            worker = as_text(record).split(" ", 1)[0]
+            counts[worker] = counts.get(worker, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
     def seen(self, fingerprint: bytes) -> bool:
         """Whether the dupefilter holds ``fingerprint`` (Bloom: maybe, with its error rate)."""
         return self.seen_many([fingerprint])[0]
