@@ -84,6 +84,18 @@ def test_a_page_never_stored_is_one_line_and_exit_code_2(gone_site):
     assert result.stdout == ""
 
 
+def test_a_blob_store_without_the_page_s_body_is_one_line_and_exit_code_2(gone_site, tmp_path):
+    """The index names the page, but BLOB_STORE_URI points at a store without its body
+    (another folder or bucket): said before the run, which printed nothing."""
+    stores, product, _, _ = gone_site
+    other = (tmp_path / "other-blobs").as_uri()
+    result = run({**stores, "BLOB_STORE_URI": other}, "fetch", "--stored", "--nolog", product)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"webfarm: the stored body of {product} cannot be read "
+                                    "(no blob raw/"), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize("command", [fetch.Command, view.Command, parse.Command,
                                      shell.Command])
 def test_stored_answers_from_the_stores_over_any_s_setting(command):

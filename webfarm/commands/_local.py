@@ -98,11 +98,13 @@ def check_stored(settings: Any, url: str, spider: str | None) -> str | None:
     own = spider_settings(settings, spidercls)
     try:
         config.check_mongo(config.mongo_uri(own))
+        config.check_blobs(config.blob_uri(own), own.get("AWS_ENDPOINT_URL") or None)
         pages = StoredPages(own)
     except config.ConfigError as exc:
         raise CommandError(str(exc), BAD_CONFIG) from None
     try:
         name = pages.find(url).get("spider")
+        pages.response(url)  # its body too: a blob store that lost it is said here
     except NotStored as exc:
         raise CommandError(str(exc)) from None
     finally:
