@@ -10,6 +10,7 @@ import signal
 
 import pymongo
 import pytest
+import redis
 
 from tests import runner, servers
 from tests.testweb import TestWeb
@@ -49,10 +50,9 @@ def test_a_redis_restored_from_an_older_snapshot_loses_no_page(snapshot_valkey, 
         worker = runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, log)
         try:
             servers.wait_for(lambda: len(pages()) >= 3, 60, "the first pages")
-            admin = snapshot_valkey.url
-            import redis
-
-            redis.Redis.from_url(admin).save()
+            admin = redis.Redis.from_url(snapshot_valkey.url)
+            admin.save()  # the state the server will come back to
+            admin.close()
             servers.wait_for(lambda: len(pages()) >= 12, 60, "pages after the snapshot")
             snapshot_valkey.stop(signal.SIGKILL)  # no save at exit: back to the snapshot
             snapshot_valkey.start()
