@@ -36,7 +36,8 @@ MAX_HEADER_BYTES = 256 * 1024
 
 
 class HeadersTooLarge(Exception):
-    """A response's status line and headers passed ``WEBFARM_MAX_HEADER_BYTES``."""
+    """A response's status line and headers passed ``WEBFARM_MAX_HEADER_BYTES``, or one
+    of its lines the HTTP client's limit (Twisted's 16 KiB)."""
 
     def __init__(self, limit: int, what: str = "") -> None:
         super().__init__(what or f"response headers over WEBFARM_MAX_HEADER_BYTES ({limit} B)")

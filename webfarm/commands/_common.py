@@ -77,7 +77,7 @@ def open_spider_frontier(settings: BaseSettings, name: str, writes: bool = True)
         config.check_settings(settings)
         url = config.redis_url(settings)
         check_redis(url, service_variable(settings, "REDIS_URL"),
-                           spider=name if writes else None)
+                    spider=name if writes else None)
     except config.ConfigError as exc:
         raise CommandError(str(exc), BAD_CONFIG) from None
     try:
