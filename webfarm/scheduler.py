@@ -79,6 +79,9 @@ logger = logging.getLogger(__name__)
 
 LEASE = "webfarm_lease"
 ATTEMPTS = "webfarm_attempts"
+#: meta key: fetched by the worker that made the request, never queued in Redis (a login
+#: form's POST and what its cookies open: each worker keeps its own cookie jar)
+LOCAL = "webfarm_local"
 PUSH_BATCH = 200
 POP_MAX = 16  # leases asked for in one exchange, at most (never more than the engine takes)
 
@@ -109,6 +112,7 @@ class Scheduler(BaseScheduler):
         self.link: FrontierLink | None = None
         self._inflight: dict[str, Request] = {}
         self._popped: deque[Popped] = deque()  # leased in the last exchange, not handed out
+        self._local: deque[Request] = deque()  # meta[LOCAL]: this worker's own, not queued
         self._failed: dict[str, tuple[str, str]] = {}  # lease -> (kind, reason)
         self._delays: dict[str, dict[str, float]] = {}
         self._next_poll = 0.0
@@ -215,16 +219,22 @@ class Scheduler(BaseScheduler):
 
     def has_pending_requests(self) -> bool:
         link = self.link
-        return bool(self._popped or (link is not None and (link.push or link.in_flight)))
+        return bool(self._popped or self._local
+                    or (link is not None and (link.push or link.in_flight)))
 
     def __len__(self) -> int:
-        return len(self._popped) + (len(self.link.push) if self.link is not None else 0)
+        held = len(self._popped) + len(self._local)
+        return held + (len(self.link.push) if self.link is not None else 0)
 
     def enqueue_request(self, request: Request) -> bool:
         # A request coming back from the downloader (a redirect) carries its parent's
         # lease; the parent is acknowledged when its download finishes, not here.
         request.meta.pop(LEASE, None)
         request.meta.pop(ATTEMPTS, None)
+        if request.meta.get(LOCAL):  # as Scrapy's own scheduler would, without its filter
+            self._local.append(request)
+            self._inc("webfarm/frontier/local")
+            return True
         fingerprint = None
         if not request.dont_filter:
             fingerprint = self.crawler.request_fingerprinter.fingerprint(request)
@@ -253,6 +263,8 @@ class Scheduler(BaseScheduler):
         return True
 
     def next_request(self) -> Request | None:
+        if self._local:
+            return self._local.popleft()
         for _ in range(10):  # a few malformed entries in a row are dead-lettered, then retry
             if not self._popped and not self._pop():
                 return None

@@ -1,0 +1,32 @@
+"""A spider that logs in first (a form POST) and then crawls pages behind the login."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import scrapy
+
+
+class MembersSpider(scrapy.Spider):
+    name = "test_members"
+    custom_settings = {"COOKIES_ENABLED": True}
+
+    def __init__(self, start: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.base = start.rstrip("/")
+
+    async def start(self) -> AsyncIterator[scrapy.Request]:
+        # Each worker logs in itself: its cookie jar is its own, and the password must not
+        # be written to the shared frontier.
+        yield scrapy.FormRequest(f"{self.base}/login", formdata={"user": "ann",
+                                                                 "password": "s3cret-pw"},
+                                 callback=self.logged_in, dont_filter=True,
+                                 meta={"webfarm_local": True})
+
+    def logged_in(self, response: scrapy.http.Response) -> Any:
+        yield scrapy.Request(f"{self.base}/members/", callback=self.parse)
+
+    def parse(self, response: scrapy.http.Response) -> Any:
+        yield {"url": response.url, "title": response.css("title::text").get()}
+        yield from response.follow_all(css="a.member", callback=self.parse)

@@ -1,0 +1,88 @@
+"""``meta["webfarm_local"]``: a request the worker that made it fetches, never queued in
+Redis. A login form's POST is one: with two workers on one frontier, the login of one
+worker went to whichever worker popped it (that one's cookie jar got the session, the
+other crawled the members' pages logged out), and the password was written to Redis."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import threading
+
+import pytest
+import redis
+
+from tests import crawlcheck, runner
+from tests.testweb import Response, TestWeb
+
+PAGES = 30
+
+
+def login(info):
+    if info.method != "POST" or b"password=s3cret-pw" not in info.body:
+        return Response.html("<title>Log in</title>", status=403)
+    return Response.html("<title>Welcome</title>", headers={
+        "Set-Cookie": f"session=ok-{info.port}; Path=/"})
+
+
+def members(info):
+    if "session=ok-" not in info.headers.get("cookie", ""):
+        return Response(302, {"Location": "/login-form"})
+    n = int(info.path.rstrip("/").rsplit("/", 1)[-1] or 0) if info.path != "/members/" else 0
+    links = "".join(f'<a class="member" href="/members/{i}">{i}</a>'
+                    for i in range(n + 1, min(n + 4, PAGES)))
+    return Response.html(f"<title>Member {n}</title><body>{links}</body>")
+
+
+@pytest.fixture()
+def club():
+    with TestWeb(hosts=("127.0.0.9",)) as web:
+        base = web.base_urls[0]
+        web.route("/login", login, host=base)
+        web.route("/members/", members, host=base)
+        yield web
+
+
+def test_each_worker_logs_in_itself_and_the_password_never_reaches_redis(club, stores,
+                                                                         tmp_path):
+    base = club.base_urls[0]
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0.1", WEBFARM_IDLE_TIMEOUT="2")
+    args = ["crawl", "test_members", "-a", f"start={base}/",
+            "-s", "SPIDER_MODULES=spiders,tests.spiders"]
+    written: list[bytes] = []  # every command Redis got while the workers ran (MONITOR)
+    monitor = redis.Redis.from_url(stores["REDIS_URL"]).monitor()
+    monitor.__enter__()
+
+    def listen() -> None:
+        with contextlib.suppress(redis.RedisError, OSError, ValueError):
+            for command in monitor.listen():
+                written.append(command["command"].encode("utf-8", "surrogateescape"))
+
+    reader = threading.Thread(target=listen, daemon=True)
+    reader.start()
+    procs = [runner.popen(args, env, tmp_path / f"{w}.log") for w in "ab"]
+    try:
+        assert [p.wait(90) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        monitor.connection.disconnect()
+        reader.join(10)
+    logs = [(tmp_path / f"{w}.log").read_text() for w in "ab"]
+    assert all("Traceback" not in log for log in logs)
+    logins = club.hits_for(host=base, path="/login")
+    assert [h.method for h in logins] == ["POST", "POST"]  # one per worker
+    pages = [h for h in club.hits_for(host=base) if h.path.startswith("/members/")]
+    assert sorted(h.path for h in pages) == sorted(
+        ["/members/"] + [f"/members/{i}" for i in range(1, PAGES)])  # each once
+    assert all("session=ok-" in h.headers.get("cookie", "") for h in pages)  # logged in
+    assert not club.hits_for(host=base, path="/login-form")
+    for log in logs:
+        assert crawlcheck.stat(log, "webfarm/frontier/local") == 1, log[-2000:]
+        assert crawlcheck.stat(log, "webfarm/frontier/dequeued") > 0  # both crawled
+    # The form's body, as it would be queued (bytes are base64 in a frontier entry), or as is.
+    body = b"user=ann&password=s3cret-pw"
+    assert written and not any(b"s3cret-pw" in c or base64.b64encode(body) in c
+                               for c in written)
