@@ -101,7 +101,11 @@ class ItemSourceMiddleware:
             if getattr(spider, "tags_item_sources", False):  # a WebfarmSpider
                 limited = bool(getattr(spider, "max_pages", 0))
                 name = callback_name(spider, response)
-                if name is not None:
+                if name is not None and response.meta.get("webfarm_local"):
+                    # A page of this worker's session (a login's answer): not kept, as it
+                    # could not be fetched again without it; its items keep its URL.
+                    source = ItemSource(response.url)
+                elif name is not None:
                     page = spider.page_item(response)
                     page.callback = name
                     page.cb_kwargs = self._kept(name, stored_kwargs(response), page.url)

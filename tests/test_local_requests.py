@@ -79,6 +79,9 @@ def test_each_worker_logs_in_itself_and_the_password_never_reaches_redis(club, s
         ["/members/"] + [f"/members/{i}" for i in range(1, PAGES)])  # each once
     assert all("session=ok-" in h.headers.get("cookie", "") for h in pages)  # logged in
     assert not club.hits_for(host=base, path="/login-form")
+    # The members' pages are kept (a callback of a WebfarmSpider); the login's answer, a
+    # page of one worker's session, is not.
+    assert set(crawlcheck.pages(stores)) == {base + h.path for h in pages}
     for log in logs:
         assert crawlcheck.stat(log, "webfarm/frontier/local") == 1, log[-2000:]
         assert crawlcheck.stat(log, "webfarm/frontier/dequeued") > 0  # both crawled

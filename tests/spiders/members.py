@@ -7,13 +7,15 @@ from typing import Any
 
 import scrapy
 
+from spiders.base import WebfarmSpider
 
-class MembersSpider(scrapy.Spider):
+
+class MembersSpider(WebfarmSpider):
     name = "test_members"
     custom_settings = {"COOKIES_ENABLED": True}
 
     def __init__(self, start: str = "", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(start=start, **kwargs)
         self.base = start.rstrip("/")
 
     async def start(self) -> AsyncIterator[scrapy.Request]:
@@ -25,8 +27,8 @@ class MembersSpider(scrapy.Spider):
                                  meta={"webfarm_local": True})
 
     def logged_in(self, response: scrapy.http.Response) -> Any:
-        yield scrapy.Request(f"{self.base}/members/", callback=self.parse)
+        yield scrapy.Request(f"{self.base}/members/", callback=self.parse_member)
 
-    def parse(self, response: scrapy.http.Response) -> Any:
+    def parse_member(self, response: scrapy.http.Response) -> Any:
         yield {"url": response.url, "title": response.css("title::text").get()}
-        yield from response.follow_all(css="a.member", callback=self.parse)
+        yield from response.follow_all(css="a.member", callback=self.parse_member)
