@@ -37,6 +37,7 @@ from scrapy.http import Response
 
 from webfarm import serialize
 from webfarm.items import ItemSource, PageItem, attach_source, has_source
+from webfarm.scheduler import LOCAL
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class ItemSourceMiddleware:
             if getattr(spider, "tags_item_sources", False):  # a WebfarmSpider
                 limited = bool(getattr(spider, "max_pages", 0))
                 name = callback_name(spider, response)
-                if name is not None and response.meta.get("webfarm_local"):
+                if name is not None and response.meta.get(LOCAL):
                     # A page of this worker's session (a login's answer): not kept, as it
                     # could not be fetched again without it; its items keep its URL.
                     source = ItemSource(response.url)

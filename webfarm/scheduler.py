@@ -80,7 +80,7 @@ logger = logging.getLogger(__name__)
 LEASE = "webfarm_lease"
 ATTEMPTS = "webfarm_attempts"
 #: meta key: fetched by the worker that made the request, never queued in Redis (a login
-#: form's POST and what its cookies open: each worker keeps its own cookie jar)
+#: form's POST: its password stays on that worker, whose own cookie jar gets the session)
 LOCAL = "webfarm_local"
 PUSH_BATCH = 200
 POP_MAX = 16  # leases asked for in one exchange, at most (never more than the engine takes)
