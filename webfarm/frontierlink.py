@@ -119,10 +119,7 @@ class FrontierLink:
             self.error(exc)
             return None
         self.push, self.acks = [], []
-        self.ok()
-        self._check_count(result)
-        self._counted(push, result)
-        self.on_exchange(result, pop, False)
+        self._succeeded(push, result, pop, later=False)
         return result
 
     def start(self, pop: int) -> bool:
@@ -158,10 +155,7 @@ class FrontierLink:
             return
         finally:
             self.in_flight = None
-        self.ok()
-        self._check_count(result)
-        self._counted(push, result)
-        self.on_exchange(result, pop, True)
+        self._succeeded(push, result, pop, later=True)
         if self.ops:  # came while this one was on its way
             self.start(0)
 
@@ -257,6 +251,13 @@ class FrontierLink:
                         time.monotonic() - self.down_since)
             self.down_since = None
         self._failures = 0
+
+    def _succeeded(self, push: list[Entry], result: Exchange, pop: int, later: bool) -> None:
+        """What follows an exchange Redis took, blocking or not."""
+        self.ok()
+        self._check_count(result)
+        self._counted(push, result)
+        self.on_exchange(result, pop, later)
 
     def _check_count(self, result: Exchange) -> None:
         """Each exchange adds one to this worker's count in the frontier, in the same atomic
