@@ -92,7 +92,11 @@ class StoredPages:
         return doc
 
     def response(self, url: str, request: Request | None = None) -> Response:
-        doc = self.find(url)
+        return self.rebuilt(self.find(url), url, request)
+
+    def rebuilt(self, doc: dict[str, Any], url: str, request: Request | None = None
+                ) -> Response:
+        """The response of a page :meth:`find` gave, its body read from the blob store."""
         try:
             body = self.blobs.get(doc["blob_key"])
         except (BlobMissing, BlobDamaged) as exc:

@@ -103,10 +103,11 @@ def check_stored(settings: Any, url: str, spider: str | None) -> str | None:
     except config.ConfigError as exc:
         raise CommandError(str(exc), BAD_CONFIG) from None
     try:
-        name = pages.find(url).get("spider")
-        pages.response(url)  # its body too: a blob store that lost it is said here
+        doc = pages.find(url)
+        pages.rebuilt(doc, url)  # its body too: a blob store that lost it is said here
     except NotStored as exc:
         raise CommandError(str(exc)) from None
     finally:
         pages.close()
+    name = doc.get("spider")
     return name if name in loader.list() else None
