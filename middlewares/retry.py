@@ -18,6 +18,12 @@ Uses Scrapy's own ``RETRY_ENABLED``, ``RETRY_HTTP_CODES``, ``RETRY_EXCEPTIONS``
 and the ``dont_retry`` meta key; ``WEBFARM_RETRY_AFTER`` switches the deferral.
 Scrapy's ``RETRY_TIMES`` and ``max_retry_times`` meta key are counted by the
 scheduler, which decides when to give up (:func:`webfarm.queue.allowed_attempts`).
+
+A request the frontier does not hold (no lease: ``scrapy fetch``/``parse``/``shell``,
+a ``webfarm_local`` login) is retried here as Scrapy's ``RetryMiddleware`` retries it,
+at once, up to the same number of tries; then a status is passed on (``scrapy fetch``
+prints the 503 it got) and a network error is Scrapy's "Error downloading". It is not
+held back by a host's ``Retry-After``: no frontier would take it back.
 """
 
 from __future__ import annotations
@@ -34,9 +40,12 @@ from scrapy.crawler import Crawler
 from scrapy.exceptions import NotConfigured
 from scrapy.http import Response
 from scrapy.utils.misc import load_object
+from scrapy.utils.response import response_status_message
 
 from webfarm import signals as wf_signals
 from webfarm.exceptions import RetryLater
+from webfarm.outcomes import retry_here
+from webfarm.queue import LEASE, allowed_attempts
 from webfarm.urls import host_of
 
 logger = logging.getLogger(__name__)
@@ -89,6 +98,7 @@ class FrontierRetryMiddleware:
             load_object(e) if isinstance(e, str) else e
             for e in settings.getlist("RETRY_EXCEPTIONS")
         )
+        self.attempts = allowed_attempts(settings)
         self._deferred: dict[str, float] = {}  # host -> monotonic end of its deferral
 
     @classmethod
@@ -97,7 +107,7 @@ class FrontierRetryMiddleware:
 
     def process_request(self, request: Request, spider: Spider | None = None) -> None:
         """Hold back requests this worker took before their host said "Retry-After"."""
-        if not self._deferred:
+        if not self._deferred or LEASE not in request.meta:
             return None
         host = host_of(request.url)
         wait = self._deferred.get(host, 0.0) - time.monotonic()
@@ -116,6 +126,9 @@ class FrontierRetryMiddleware:
         if (not self.retry_enabled or request.meta.get("dont_retry")
                 or response.status not in self.retry_codes):
             return response
+        if LEASE not in request.meta:  # no frontier holds it: retried here, as in Scrapy
+            reason = response_status_message(response.status)
+            return retry_here(self.crawler, request, reason, self.attempts) or response
         if wait:
             raise RetryLater(f"HTTP {response.status}, Retry-After {wait:.0f}s",
                              delay=wait, status=response.status)
@@ -123,9 +136,11 @@ class FrontierRetryMiddleware:
 
     def process_exception(
         self, request: Request, exception: Exception, spider: Spider | None = None
-    ) -> None:
+    ) -> Request | None:
         if (self.retry_enabled and isinstance(exception, self.exceptions)
                 and not request.meta.get("dont_retry")):
+            if LEASE not in request.meta:  # None: Scrapy's "Error downloading" after
+                return retry_here(self.crawler, request, exception, self.attempts)
             error = f"{type(exception).__name__}: {exception}"
             raise RetryLater(f"network error: {error}", error=error)
         return None

@@ -37,7 +37,7 @@ from scrapy.http import Response
 
 from webfarm import serialize
 from webfarm.items import ItemSource, PageItem, attach_source, has_source
-from webfarm.scheduler import LOCAL
+from webfarm.queue import LOCAL
 
 logger = logging.getLogger(__name__)
 

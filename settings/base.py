@@ -154,6 +154,9 @@ EXTENSIONS_BASE = {
     "webfarm.recrawl.RecrawlExtension": 520,  # continuous recrawl (WEBFARM_RECRAWL_INTERVAL)
     "webfarm.monitor.extension.MonitorExtension": 510,
     "webfarm.gctune.GcTuning": 530,  # fewer, cheaper garbage collections (WEBFARM_GC_*)
+    # requests the frontier does not hold (scrapy fetch/parse/shell, a webfarm_local login):
+    # retried and said as in Scrapy, where the frontier would retry or dead-letter them
+    "webfarm.outcomes.UnqueuedOutcomes": 540,
 }
 # The project's own components (a spider's custom_settings may name more).
 SPIDER_MIDDLEWARES: dict[str, int | None] = {}

@@ -89,3 +89,26 @@ def test_each_worker_logs_in_itself_and_the_password_never_reaches_redis(club, s
     body = b"user=ann&password=s3cret-pw"
     assert written and not any(b"s3cret-pw" in c or base64.b64encode(body) in c
                                for c in written)
+
+
+def test_a_login_answered_503_is_tried_again(club, stores, tmp_path):
+    """A ``webfarm_local`` request has no lease: a 503 to it used to end it without a word
+    (the frontier it was handed to does not hold it), and the worker crawled logged out."""
+    base = club.base_urls[0]
+    answered: list[int] = []
+
+    def busy_once(info):
+        answered.append(503 if not answered else 200)
+        return Response.html("<title>Busy</title>", status=503) if answered[-1] == 503 \
+            else login(info)
+
+    club.route("/login", busy_once, host=base)
+    env = runner.env_for(**stores, WEBFARM_IDLE_TIMEOUT="1")
+    result = runner.scrapy(["crawl", "test_members", "-a", f"start={base}/",
+                            "-s", "SPIDER_MODULES=spiders,tests.spiders"], env, timeout=90)
+    assert result.returncode == 0, result.output[-3000:]
+    assert answered == [503, 200]
+    pages = [h for h in club.hits_for(host=base) if h.path.startswith("/members/")]
+    assert len(pages) == PAGES and all("session=ok-" in h.headers.get("cookie", "")
+                                       for h in pages)
+    assert crawlcheck.stat(result.stderr, "retry/count") == 1

@@ -27,6 +27,12 @@ from webfarm.redisconn import redis_client
 from webfarm.urls import host_of
 
 DUPEFILTER_MODES = {"bloom", "set"}
+#: meta key: the frontier's lease of a request it handed out (it alone acknowledges,
+#: retries or dead-letters the request); absent on a request the frontier does not hold
+LEASE = "webfarm_lease"
+#: meta key: fetched by the worker that made the request, never queued in Redis (a login
+#: form's POST: its password stays on that worker, whose own cookie jar gets the session)
+LOCAL = "webfarm_local"
 
 
 def dupefilter_mode(settings: BaseSettings) -> str:

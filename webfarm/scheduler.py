@@ -64,7 +64,10 @@ from webfarm.dupefilter import RecentFingerprints
 from webfarm.exceptions import DeadLetter, ItemError, RetryLater
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped, backoff
 from webfarm.frontierlink import FrontierLink
+from webfarm.outcomes import OutputHandler, hook_downloader_output
 from webfarm.queue import (
+    LEASE,
+    LOCAL,
     SlotDelays,
     allowed_attempts,
     decode_request,
@@ -77,11 +80,7 @@ from webfarm.serialize import SerializationError
 
 logger = logging.getLogger(__name__)
 
-LEASE = "webfarm_lease"
 ATTEMPTS = "webfarm_attempts"
-#: meta key: fetched by the worker that made the request, never queued in Redis (a login
-#: form's POST: its password stays on that worker, whose own cookie jar gets the session)
-LOCAL = "webfarm_local"
 PUSH_BATCH = 200
 POP_MAX = 16  # leases asked for in one exchange, at most (never more than the engine takes)
 
@@ -202,18 +201,15 @@ class Scheduler(BaseScheduler):
             self._inc("webfarm/frontier/released", released)
 
     def _hook_engine(self) -> None:
-        engine = self.crawler.engine
-        original = getattr(engine, "_handle_downloader_output", None)
-        if original is None:  # pragma: no cover - guards a Scrapy upgrade
-            raise RuntimeError("this Scrapy has no engine._handle_downloader_output; "
-                               "webfarm.scheduler needs updating for it")
+        def wrap(original: OutputHandler) -> OutputHandler:
+            def handle_downloader_output(result: Any, request: Request) -> Any:
+                d = original(result, request)
+                d.addBoth(self._finished_passthrough, request, result)
+                return d
 
-        def handle_downloader_output(result: Any, request: Request) -> Any:
-            d = original(result, request)
-            d.addBoth(self._finished_passthrough, request, result)
-            return d
+            return handle_downloader_output
 
-        engine._handle_downloader_output = handle_downloader_output
+        hook_downloader_output(self.crawler, wrap, "webfarm.scheduler")
 
     # -- the scheduler interface ------------------------------------------------------------
 
