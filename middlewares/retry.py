@@ -131,8 +131,8 @@ class FrontierRetryMiddleware:
             return retry_here(self.crawler, request, reason, self.attempts) or response
         if wait:
             raise RetryLater(f"HTTP {response.status}, Retry-After {wait:.0f}s",
-                             delay=wait, status=response.status)
-        raise RetryLater(f"HTTP {response.status}", status=response.status)
+                             delay=wait, status=response.status, response=response)
+        raise RetryLater(f"HTTP {response.status}", status=response.status, response=response)
 
     def process_exception(
         self, request: Request, exception: Exception, spider: Spider | None = None
@@ -142,7 +142,7 @@ class FrontierRetryMiddleware:
             if LEASE not in request.meta:  # None: Scrapy's "Error downloading" after
                 return retry_here(self.crawler, request, exception, self.attempts)
             error = f"{type(exception).__name__}: {exception}"
-            raise RetryLater(f"network error: {error}", error=error)
+            raise RetryLater(f"network error: {error}", error=error) from exception
         return None
 
     def _defer_host(self, request: Request, response: Response) -> float | None:

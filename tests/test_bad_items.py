@@ -41,7 +41,7 @@ def test_an_item_mongodb_cannot_hold_is_refused_with_what_to_fix(item, message):
     # A dict a spider yields from start(): no page, so no source_url to key on.
     ({"title": "x"}, "",
      r"no value for its key field\(s\) source_url: it does not come from a page \(it was "
-     r"yielded outside a callback, e\.g\. by start\(\).*_key in a dict\)$"),
+     r"yielded by start\(\) or by an errback\).*_key in a dict\)$"),
 ])
 def test_an_item_with_no_key_says_where_to_get_one(item, source, message):
     with pytest.raises(ItemError, match=message):

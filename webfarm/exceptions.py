@@ -9,7 +9,12 @@ an ``ItemError`` from an item pipeline dead-letters the item's page.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from scrapy.exceptions import IgnoreRequest
+
+if TYPE_CHECKING:
+    from scrapy.http import Response
 
 
 class DeadLetter(IgnoreRequest):
@@ -26,18 +31,21 @@ class RetryLater(IgnoreRequest):
     """Fetch this request again later, through the frontier.
 
     ``delay`` None means: exponential backoff with full jitter from the attempt
-    count. After ``WEBFARM_RETRY_TIMES`` attempts the request is dead-lettered.
+    count. After ``WEBFARM_RETRY_TIMES`` attempts the request is dead-lettered, and the
+    spider gets what Scrapy would hand it then: ``response`` (a 503), or the error this
+    was raised ``from`` (a refused connection), else this.
     """
 
     def __init__(
         self, reason: str, *, delay: float | None = None, status: int | None = None,
-        error: str | None = None,
+        error: str | None = None, response: Response | None = None,
     ):
         super().__init__(reason)
         self.reason = reason
         self.delay = delay
         self.status = status
         self.error = error
+        self.response = response
 
 
 class ItemError(ValueError):

@@ -109,8 +109,8 @@ def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None
         what = f"{type(item).__name__} for {collection!r} has no value for its key field(s) " \
             f"{', '.join(missing)}"
         if not source_url and "source_url" in missing:
-            raise ItemError(f"{what}: it does not come from a page (it was yielded outside a "
-                            "callback, e.g. by start()); give the item a key of its own "
+            raise ItemError(f"{what}: it does not come from a page (it was yielded by "
+                            "start() or by an errback); give the item a key of its own "
                             "(key_fields on its class, _key in a dict)")
         raise ItemError(f"{what} (from {source_url}); fill it in the spider, or name another "
                         "key (key_fields on the item's class, _key in a dict)")

@@ -62,6 +62,22 @@ def retry_here(crawler: Crawler, request: Request, reason: str | Exception,
                              max_retry_times=request_attempts(request, attempts) - 1)
 
 
+def given_up(result: Failure, request: Request) -> Any:
+    """What Scrapy hands the spider once a request's retries ran out: the last response
+    of a ``RetryLater`` (a 503: the callback if it takes that status, else ``HttpError``
+    to the errback), the error it was raised from (a refused connection) to an errback,
+    or ``result``. Without an errback that error stays quiet: the dead letter says it in
+    one line, where Scrapy's "Error downloading" would add a traceback."""
+    exc = result.value
+    if isinstance(exc, RetryLater):
+        if exc.response is not None:
+            exc.response.request = request
+            return exc.response
+        if isinstance(exc.__cause__, Exception) and request.errback is not None:
+            return Failure(exc.__cause__)
+    return result
+
+
 class UnqueuedOutcomes:
     """Retry or say the frontier's outcomes of requests that have no lease."""
 
@@ -93,7 +109,8 @@ class UnqueuedOutcomes:
         exc = result.value
         if isinstance(exc, RetryLater):
             if self.retry_enabled and not request.meta.get("dont_retry"):
-                return retry_here(self.crawler, request, exc, self.attempts) or result
+                return (retry_here(self.crawler, request, exc, self.attempts)
+                        or given_up(result, request))
             self._gave_up(request, exc.reason)
         elif isinstance(exc, DeadLetter):
             self._gave_up(request, exc.reason)

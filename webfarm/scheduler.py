@@ -54,7 +54,7 @@ from scrapy.statscollectors import StatsCollector
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.reactor import is_asyncio_reactor_installed
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
@@ -64,7 +64,7 @@ from webfarm.dupefilter import RecentFingerprints
 from webfarm.exceptions import DeadLetter, ItemError, RetryLater
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped, backoff
 from webfarm.frontierlink import FrontierLink
-from webfarm.outcomes import OutputHandler, hook_downloader_output
+from webfarm.outcomes import OutputHandler, given_up, hook_downloader_output
 from webfarm.queue import (
     LEASE,
     LOCAL,
@@ -203,7 +203,14 @@ class Scheduler(BaseScheduler):
     def _hook_engine(self) -> None:
         def wrap(original: OutputHandler) -> OutputHandler:
             def handle_downloader_output(result: Any, request: Request) -> Any:
-                d = original(result, request)
+                shown = result
+                if self._retried(result, request):
+                    # As Scrapy's RetryMiddleware: the spider (an errback) hears of a
+                    # failure once, when the request is given up, and of the error itself.
+                    if not self._last_try(request):
+                        return self._finished_passthrough(succeed(None), request, result)
+                    shown = given_up(result, request)
+                d = original(shown, request)
                 d.addBoth(self._finished_passthrough, request, result)
                 return d
 
@@ -366,7 +373,7 @@ class Scheduler(BaseScheduler):
     def _retry(self, lease: str, request: Request, reason: str, delay: float | None,
                status: int | None, error: str | None) -> None:
         attempts = int(request.meta.get(ATTEMPTS, 0)) + 1
-        if attempts >= request_attempts(request, self.retry_times):
+        if self._last_try(request):
             self._dead(lease, request, f"gave up after {attempts} attempts: {reason}", status,
                        error)
             return
@@ -375,6 +382,18 @@ class Scheduler(BaseScheduler):
         logger.debug("Retrying %s in %.1fs (attempt %d): %s", request, wait, attempts, reason)
         self._inc("webfarm/frontier/retried")
         self.link.op("retry", self.frontier._retry_args(lease, wait, reason))
+
+    def _retried(self, result: Any, request: Request) -> bool:
+        """Whether :meth:`finished` retries this lease for ``result``: a ``RetryLater``, or
+        an error that is no ``IgnoreRequest`` (robots.txt, offsite: a normal end)."""
+        if not isinstance(result, Failure) or request.meta.get(LEASE) not in self._inflight:
+            return False
+        return isinstance(result.value, RetryLater) or not isinstance(result.value,
+                                                                       IgnoreRequest)
+
+    def _last_try(self, request: Request) -> bool:
+        return int(request.meta.get(ATTEMPTS, 0)) + 1 >= request_attempts(request,
+                                                                         self.retry_times)
 
     def _dead(self, lease: str, request: Request, reason: str, status: int | None,
               error: str | None) -> None:

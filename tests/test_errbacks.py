@@ -1,0 +1,37 @@
+"""A request's errback hears of a failure as in Scrapy: once, when the request is given
+up, with the error itself. The frontier retries a 503 or a refused connection; the
+errback was called on every try, with webfarm's ``RetryLater`` (an ``IgnoreRequest``),
+so the checks of Scrapy's docs (``failure.check(HttpError)``, ``DNSLookupError``,
+``TimeoutError``) never matched and an errback that records failures recorded each try."""
+
+from __future__ import annotations
+
+import re
+
+from tests import crawlcheck, runner
+from tests.servers import free_port
+from tests.testweb import Response, TestWeb
+
+HOST = "127.0.0.14"
+
+
+def test_the_errback_gets_the_error_once_when_the_frontier_gives_up(stores):
+    with TestWeb(hosts=(HOST,), categories=1, products_per_category=1) as web:
+        base = web.base_urls[0]
+        web.route("/busy", Response.html("<title>Busy</title>", status=503), host=base)
+        web.route("/ok", Response.html("<title>Fine</title>"), host=base)
+        refused = f"http://{HOST}:{free_port(HOST)}/gone"
+        env = runner.env_for(**stores, WEBFARM_IDLE_TIMEOUT="2")
+        result = runner.scrapy(
+            ["crawl", "test_errbacks", "-a", f"start={base}/busy,{refused},{base}/ok",
+             "-s", "SPIDER_MODULES=spiders,tests.spiders", "-s", "WEBFARM_RETRY_TIMES=3",
+             "-s", "WEBFARM_RETRY_BACKOFF_BASE=0.05"], env, timeout=120)
+        busy_tries = len(web.hits_for(host=base, path="/busy"))
+    assert result.returncode == 0, result.output[-3000:]
+    assert busy_tries == 3  # retried by the frontier
+    said = re.findall(r"errback: (\S+) (\w+)", result.stderr)
+    assert sorted(said) == sorted([(f"{base}/busy", "HttpError"),
+                                   (refused, "DownloadConnectionRefusedError")]), said
+    assert crawlcheck.stat(result.stderr, "webfarm/frontier/dead") == 2, "\n".join(
+        line for line in result.stderr.splitlines() if "Dead-letter" in line)
+    assert crawlcheck.stat(result.stderr, "item_scraped_count") == 1  # /ok
