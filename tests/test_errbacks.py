@@ -35,3 +35,10 @@ def test_the_errback_gets_the_error_once_when_the_frontier_gives_up(stores):
     assert crawlcheck.stat(result.stderr, "webfarm/frontier/dead") == 2, "\n".join(
         line for line in result.stderr.splitlines() if "Dead-letter" in line)
     assert crawlcheck.stat(result.stderr, "item_scraped_count") == 1  # /ok
+    # Scrapy's retry stats, as its RetryMiddleware keeps them (monitoring reads them)
+    assert crawlcheck.stat(result.stderr, "retry/count") == 4
+    assert crawlcheck.stat(result.stderr, "retry/max_reached") == 2
+    assert crawlcheck.stat(result.stderr, "retry/reason_count/503 Service Unavailable") == 2
+    assert crawlcheck.stat(
+        result.stderr,
+        "retry/reason_count/scrapy.exceptions.DownloadConnectionRefusedError") == 2

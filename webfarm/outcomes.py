@@ -28,6 +28,8 @@ from typing import Any
 from scrapy import Request, signals
 from scrapy.crawler import Crawler
 from scrapy.downloadermiddlewares.retry import get_retry_request
+from scrapy.utils.python import global_object_name
+from scrapy.utils.response import response_status_message
 from twisted.python.failure import Failure
 
 from webfarm.exceptions import DeadLetter, RetryLater
@@ -60,6 +62,17 @@ def retry_here(crawler: Crawler, request: Request, reason: str | Exception,
     assert crawler.spider is not None
     return get_retry_request(request, spider=crawler.spider, reason=reason,
                              max_retry_times=request_attempts(request, attempts) - 1)
+
+
+def retry_reason(exc: BaseException) -> str:
+    """How Scrapy's ``RetryMiddleware`` names a retry in ``retry/reason_count/…``: the
+    status line (``503 Service Unavailable``), else the error's class (for a
+    ``RetryLater``, the error it was raised from)."""
+    if isinstance(exc, RetryLater):
+        if exc.status:
+            return response_status_message(exc.status)
+        exc = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+    return global_object_name(type(exc))
 
 
 def given_up(result: Failure, request: Request) -> Any:

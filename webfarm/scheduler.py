@@ -64,7 +64,7 @@ from webfarm.dupefilter import RecentFingerprints
 from webfarm.exceptions import DeadLetter, ItemError, RetryLater
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped, backoff
 from webfarm.frontierlink import FrontierLink
-from webfarm.outcomes import OutputHandler, given_up, hook_downloader_output
+from webfarm.outcomes import OutputHandler, given_up, hook_downloader_output, retry_reason
 from webfarm.queue import (
     LEASE,
     LOCAL,
@@ -340,13 +340,15 @@ class Scheduler(BaseScheduler):
         if isinstance(exc, DeadLetter):
             self._dead(lease, request, exc.reason, exc.status, exc.error)
         elif isinstance(exc, RetryLater):
-            self._retry(lease, request, exc.reason, exc.delay, exc.status, exc.error)
+            self._retry(lease, request, exc.reason, exc.delay, exc.status, exc.error,
+                        retry_reason(exc))
         elif isinstance(exc, IgnoreRequest):
             self.link.acks.append(lease)  # robots.txt, offsite...: a normal end
             self._inc("webfarm/frontier/acked")
         elif exc is not None:
             error = f"{type(exc).__name__}: {exc}"
-            self._retry(lease, request, f"download failed: {error}", None, None, error)
+            self._retry(lease, request, f"download failed: {error}", None, None, error,
+                        retry_reason(exc))
         elif failed is not None and failed[0] == "spider":
             self._dead(lease, request, failed[1], None, None)
         elif failed is not None:
@@ -371,12 +373,19 @@ class Scheduler(BaseScheduler):
             self._failed[lease] = ("spider", reason)
 
     def _retry(self, lease: str, request: Request, reason: str, delay: float | None,
-               status: int | None, error: str | None) -> None:
+               status: int | None, error: str | None, scrapys: str | None = None) -> None:
+        """``scrapys``: a download's retry, counted in Scrapy's ``retry/*`` stats as well
+        (what monitoring built for Scrapy reads) under that reason."""
         attempts = int(request.meta.get(ATTEMPTS, 0)) + 1
         if self._last_try(request):
+            if scrapys is not None:
+                self._inc("retry/max_reached")
             self._dead(lease, request, f"gave up after {attempts} attempts: {reason}", status,
                        error)
             return
+        if scrapys is not None:
+            self._inc("retry/count")
+            self._inc(f"retry/reason_count/{scrapys}")
         wait = delay if delay is not None else backoff(attempts - 1, self.backoff_base,
                                                        self.backoff_max)
         logger.debug("Retrying %s in %.1fs (attempt %d): %s", request, wait, attempts, reason)
