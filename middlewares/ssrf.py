@@ -20,7 +20,7 @@ import logging
 
 from scrapy import Request, Spider
 from scrapy.crawler import Crawler
-from scrapy.exceptions import NotConfigured
+from scrapy.exceptions import CannotResolveHostError, NotConfigured
 from scrapy.statscollectors import StatsCollector
 
 from webfarm.exceptions import DeadLetter, RetryLater
@@ -51,9 +51,10 @@ class SSRFGuardMiddleware:
         if reason is None:
             return None
         if reason.startswith(UNRESOLVED):
-            # Like Scrapy's own DNS errors: retried with backoff, dead-lettered in the end.
+            # Like Scrapy's own DNS errors: retried with backoff, dead-lettered in the end
+            # (an errback gets the CannotResolveHostError Scrapy would give it).
             self.stats.inc_value("webfarm/ssrf/unresolved")
-            raise RetryLater(f"ssrf: {reason}")
+            raise RetryLater(f"ssrf: {reason}") from CannotResolveHostError(reason)
         self.stats.inc_value("webfarm/ssrf/refused")
         logger.warning("SSRF guard refused %s: %s", request.url[:300], reason)
         raise DeadLetter(f"ssrf: {reason}")

@@ -1,7 +1,7 @@
 """A request's errback hears of a failure as in Scrapy: once, when the request is given
 up, with the error itself. The frontier retries a 503 or a refused connection; the
 errback was called on every try, with webfarm's ``RetryLater`` (an ``IgnoreRequest``),
-so the checks of Scrapy's docs (``failure.check(HttpError)``, ``DNSLookupError``,
+so the checks of Scrapy's docs (``failure.check(HttpError)``, a DNS error,
 ``TimeoutError``) never matched and an errback that records failures recorded each try."""
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ def test_the_errback_gets_the_error_once_when_the_frontier_gives_up(stores):
         web.route("/busy", Response.html("<title>Busy</title>", status=503), host=base)
         web.route("/ok", Response.html("<title>Fine</title>"), host=base)
         refused = f"http://{HOST}:{free_port(HOST)}/gone"
+        unresolved = f"http://bad..host:{free_port(HOST)}/"  # no DNS name: idna refuses it
         env = runner.env_for(**stores, WEBFARM_IDLE_TIMEOUT="2")
         result = runner.scrapy(
-            ["crawl", "test_errbacks", "-a", f"start={base}/busy,{refused},{base}/ok",
+            ["crawl", "test_errbacks", "-a",
+             f"start={base}/busy,{refused},{unresolved},{base}/ok",
              "-s", "SPIDER_MODULES=spiders,tests.spiders", "-s", "WEBFARM_RETRY_TIMES=3",
              "-s", "WEBFARM_RETRY_BACKOFF_BASE=0.05"], env, timeout=120)
         busy_tries = len(web.hits_for(host=base, path="/busy"))
@@ -31,14 +33,17 @@ def test_the_errback_gets_the_error_once_when_the_frontier_gives_up(stores):
     assert busy_tries == 3  # retried by the frontier
     said = re.findall(r"errback: (\S+) (\w+)", result.stderr)
     assert sorted(said) == sorted([(f"{base}/busy", "HttpError"),
-                                   (refused, "DownloadConnectionRefusedError")]), said
-    assert crawlcheck.stat(result.stderr, "webfarm/frontier/dead") == 2, "\n".join(
+                                   (refused, "DownloadConnectionRefusedError"),
+                                   (unresolved, "CannotResolveHostError")]), said
+    assert crawlcheck.stat(result.stderr, "webfarm/frontier/dead") == 3, "\n".join(
         line for line in result.stderr.splitlines() if "Dead-letter" in line)
     assert crawlcheck.stat(result.stderr, "item_scraped_count") == 1  # /ok
     # Scrapy's retry stats, as its RetryMiddleware keeps them (monitoring reads them)
-    assert crawlcheck.stat(result.stderr, "retry/count") == 4
-    assert crawlcheck.stat(result.stderr, "retry/max_reached") == 2
+    assert crawlcheck.stat(result.stderr, "retry/count") == 6
+    assert crawlcheck.stat(result.stderr, "retry/max_reached") == 3
     assert crawlcheck.stat(result.stderr, "retry/reason_count/503 Service Unavailable") == 2
     assert crawlcheck.stat(
         result.stderr,
         "retry/reason_count/scrapy.exceptions.DownloadConnectionRefusedError") == 2
+    assert crawlcheck.stat(
+        result.stderr, "retry/reason_count/scrapy.exceptions.CannotResolveHostError") == 2
