@@ -264,7 +264,7 @@ class ProxyMiddleware:
             return retry
         if blame:
             raise RetryLater(f"proxy: {reason} through {self._tried(request, pid)}",
-                             status=response.status)
+                             status=response.status, response=response)
         return response  # the site's consistent answer through several proxies
 
     async def process_exception(self, request: Request, exception: BaseException
@@ -289,7 +289,8 @@ class ProxyMiddleware:
         retry = self._retry(request, pid, reason, None)
         if retry is not None:
             return retry
-        raise RetryLater(f"proxy: {reason} through {self._tried(request, pid)}", error=name)
+        raise RetryLater(f"proxy: {reason} through {self._tried(request, pid)}",
+                         error=name) from exception
 
     def _ban_reason(self, response: Response) -> str | None:
         if response.status == 407:
