@@ -64,14 +64,18 @@ def retry_here(crawler: Crawler, request: Request, reason: str | Exception,
                              max_retry_times=request_attempts(request, attempts) - 1)
 
 
-def retry_reason(exc: BaseException) -> str:
+def retry_reason(exc: BaseException) -> str | None:
     """How Scrapy's ``RetryMiddleware`` names a retry in ``retry/reason_count/…``: the
     status line (``503 Service Unavailable``), else the error's class (for a
-    ``RetryLater``, the error it was raised from)."""
+    ``RetryLater``, the error it was raised from). None for a ``RetryLater`` of neither
+    (robots.txt's ``Crawl-delay``, a host's ``Retry-After`` holding requests back): a
+    wait for politeness, which Scrapy would not count as a retry."""
     if isinstance(exc, RetryLater):
         if exc.status:
             return response_status_message(exc.status)
-        exc = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+        if not isinstance(exc.__cause__, Exception):
+            return None
+        exc = exc.__cause__
     return global_object_name(type(exc))
 
 
