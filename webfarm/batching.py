@@ -6,7 +6,7 @@ when every item of its response went through the pipelines. So an item's
 otherwise a ``kill -9`` between the two would lose an acknowledged page. Each
 :meth:`Batcher.submit` returns only when its batch is stored, and raises if it
 could not be (the request then goes back to the frontier, see
-:meth:`webfarm.scheduler.Scheduler.item_error`).
+:meth:`webfarm.leaseends.LeaseEnds.item_error`).
 
 A batch is written when it holds ``size`` entries, its oldest entry waited
 ``seconds``, or no entry came for ``quiet`` seconds (nothing more is on its way:

@@ -28,7 +28,8 @@ What it adds to a plain scheduler, and why:
   one line, keeps what it holds, backs off and reconnects.
 
 What is held for Redis and the calls that carry it live in
-:class:`~webfarm.frontierlink.FrontierLink`; this module decides what to send.
+:class:`~webfarm.frontierlink.FrontierLink`; this module decides what to send, and
+:class:`~webfarm.leaseends.LeaseEnds` how each lease ends.
 
 Scrapy has no "request finished" hook, so the scheduler wraps the engine's
 ``_handle_downloader_output`` — the one place every request's download ends and
@@ -49,30 +50,28 @@ import redis
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.crawler import Crawler
-from scrapy.exceptions import DontCloseSpider, IgnoreRequest
+from scrapy.exceptions import DontCloseSpider
 from scrapy.statscollectors import StatsCollector
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.reactor import is_asyncio_reactor_installed
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
-from twisted.python.failure import Failure
 
 from webfarm import signals as wf_signals
 from webfarm.advice import cookies_not_sent, explain_nothing_fetched
 from webfarm.dupefilter import RecentFingerprints
-from webfarm.exceptions import DeadLetter, ItemError, RetryLater
-from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped, backoff
+from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped
 from webfarm.frontierlink import FrontierLink
-from webfarm.outcomes import OutputHandler, given_up, hook_downloader_output, retry_reason
+from webfarm.leaseends import LeaseEnds
+from webfarm.outcomes import hook_downloader_output
 from webfarm.queue import (
+    ATTEMPTS,
     LEASE,
     LOCAL,
     SlotDelays,
-    allowed_attempts,
     decode_request,
     open_frontier,
-    request_attempts,
     request_entry,
 )
 from webfarm.redisconn import REDIS_ERRORS, async_redis_client, redis_client
@@ -80,7 +79,6 @@ from webfarm.serialize import SerializationError
 
 logger = logging.getLogger(__name__)
 
-ATTEMPTS = "webfarm_attempts"
 PUSH_BATCH = 200
 POP_MAX = 16  # leases asked for in one exchange, at most (never more than the engine takes)
 
@@ -97,11 +95,8 @@ class Scheduler(BaseScheduler):
         self.server = server
         self.stats: StatsCollector | None = crawler.stats
         self.idle_timeout = settings.getfloat("WEBFARM_IDLE_TIMEOUT", 10.0)
-        self.retry_times = allowed_attempts(settings)
         self._slots = SlotDelays(settings)
         self._cookies_said = settings.getbool("COOKIES_ENABLED")  # nothing to say then
-        self.backoff_base = settings.getfloat("WEBFARM_RETRY_BACKOFF_BASE", 2.0)
-        self.backoff_max = settings.getfloat("WEBFARM_RETRY_BACKOFF_MAX", 600.0)
         self.flush_interval = settings.getfloat("WEBFARM_FLUSH_INTERVAL", 0.5)
         self._recent = RecentFingerprints(settings.getint("WEBFARM_RECENT_FINGERPRINTS",
                                                           100_000))
@@ -110,9 +105,9 @@ class Scheduler(BaseScheduler):
         self.spider: Spider | None = None
         self.link: FrontierLink | None = None
         self._inflight: dict[str, Request] = {}
+        self.ends = LeaseEnds(settings, self._inflight, self._inc)  # acks, retries, dead
         self._popped: deque[Popped] = deque()  # leased in the last exchange, not handed out
         self._local: deque[Request] = deque()  # meta[LOCAL]: this worker's own, not queued
-        self._failed: dict[str, tuple[str, str]] = {}  # lease -> (kind, reason)
         self._delays: dict[str, dict[str, float]] = {}
         self._next_poll = 0.0
         self._wake_call: Any = None
@@ -126,8 +121,8 @@ class Scheduler(BaseScheduler):
         scheduler = cls(crawler, server)
         connect = crawler.signals.connect
         connect(scheduler.spider_idle, signal=signals.spider_idle)
-        connect(scheduler.item_error, signal=signals.item_error)
-        connect(scheduler.spider_error, signal=signals.spider_error)
+        connect(scheduler.ends.item_error, signal=signals.item_error)
+        connect(scheduler.ends.spider_error, signal=signals.spider_error)
         connect(scheduler.host_delay, signal=wf_signals.host_delay)
         connect(scheduler.host_defer, signal=wf_signals.host_defer)
         return scheduler
@@ -150,7 +145,7 @@ class Scheduler(BaseScheduler):
         if self.crawler.settings.getbool("SCHEDULER_FLUSH_ON_START"):
             deleted = self.frontier.reset()
             logger.warning("SCHEDULER_FLUSH_ON_START: wiped the frontier (%d keys)", deleted)
-        self._hook_engine()
+        hook_downloader_output(self.crawler, self.ends.wrap, "webfarm.scheduler")
         # A frontier class that overrides exchange() keeps the blocking path it overrides.
         aio = None
         if is_asyncio_reactor_installed() and type(self.frontier).exchange is Frontier.exchange:
@@ -160,6 +155,7 @@ class Scheduler(BaseScheduler):
                                  leases_held=lambda: len(self._inflight),
                                  on_idle_answer=self._wake,
                                  on_lost_writes=self._frontier_lost_writes)
+        self.ends.open(self.link, self.frontier)
         self._loop = LoopingCall(self.link.tick)
         self._loop.start(self.flush_interval, now=False)
         counts = self.frontier.counts()
@@ -199,24 +195,6 @@ class Scheduler(BaseScheduler):
         if released:
             logger.info("Gave back %d unfinished leases", released)
             self._inc("webfarm/frontier/released", released)
-
-    def _hook_engine(self) -> None:
-        def wrap(original: OutputHandler) -> OutputHandler:
-            def handle_downloader_output(result: Any, request: Request) -> Any:
-                shown = result
-                if self._retried(result, request):
-                    # As Scrapy's RetryMiddleware: the spider (an errback) hears of a
-                    # failure once, when the request is given up, and of the error itself.
-                    if not self._last_try(request):
-                        return self._finished_passthrough(succeed(None), request, result)
-                    shown = given_up(result, request)
-                d = original(shown, request)
-                d.addBoth(self._finished_passthrough, request, result)
-                return d
-
-            return handle_downloader_output
-
-        hook_downloader_output(self.crawler, wrap, "webfarm.scheduler")
 
     # -- the scheduler interface ------------------------------------------------------------
 
@@ -320,95 +298,6 @@ class Scheduler(BaseScheduler):
         if not total:
             return 1
         return max(1, min(POP_MAX, total - len(getattr(downloader, "active", ()))))
-
-    # -- completion of a request ------------------------------------------------------------
-
-    def _finished_passthrough(self, passthrough: Any, request: Request, result: Any) -> Any:
-        try:
-            self.finished(request, result)
-        except Exception:  # never break the engine's callback chain
-            logger.exception("Error while finishing %s", request)
-        return passthrough
-
-    def finished(self, request: Request, result: Any) -> None:
-        """Acknowledge, retry or dead-letter the lease of a request that is done."""
-        lease = request.meta.get(LEASE)
-        if not lease or self._inflight.pop(lease, None) is None:
-            return
-        failed = self._failed.pop(lease, None)
-        exc = result.value if isinstance(result, Failure) else None
-        if isinstance(exc, DeadLetter):
-            self._dead(lease, request, exc.reason, exc.status, exc.error)
-        elif isinstance(exc, RetryLater):
-            self._retry(lease, request, exc.reason, exc.delay, exc.status, exc.error,
-                        retry_reason(exc))
-        elif isinstance(exc, IgnoreRequest):
-            self.link.acks.append(lease)  # robots.txt, offsite...: a normal end
-            self._inc("webfarm/frontier/acked")
-        elif exc is not None:
-            error = f"{type(exc).__name__}: {exc}"
-            self._retry(lease, request, f"download failed: {error}", None, None, error,
-                        retry_reason(exc))
-        elif failed is not None and failed[0] == "spider":
-            self._dead(lease, request, failed[1], None, None)
-        elif failed is not None:
-            self._retry(lease, request, failed[1], None, None, None)
-        else:
-            self.link.acks.append(lease)
-            self._inc("webfarm/frontier/acked")
-
-    def item_error(self, item: Any, response: Any, spider: Spider, failure: Failure) -> None:
-        lease = getattr(response, "meta", {}).get(LEASE) if response is not None else None
-        if not lease:
-            return
-        if isinstance(failure.value, ItemError):  # a refetch gives the same item: dead-letter
-            self._failed[lease] = ("spider", f"item not stored: {failure.value}")
-        else:  # a store that kept failing: fetch and store the page again later
-            self._failed.setdefault(lease, ("item", f"item pipeline failed: {failure.value!r}"))
-
-    def spider_error(self, failure: Failure, response: Any, spider: Spider) -> None:
-        lease = getattr(response, "meta", {}).get(LEASE) if response is not None else None
-        if lease:
-            reason = f"spider callback failed: {type(failure.value).__name__}: {failure.value}"
-            self._failed[lease] = ("spider", reason)
-
-    def _retry(self, lease: str, request: Request, reason: str, delay: float | None,
-               status: int | None, error: str | None, scrapys: str | None = None) -> None:
-        """``scrapys``: a download's retry, counted in Scrapy's ``retry/*`` stats as well
-        (what monitoring built for Scrapy reads) under that reason."""
-        attempts = int(request.meta.get(ATTEMPTS, 0)) + 1
-        if self._last_try(request):
-            if scrapys is not None:
-                self._inc("retry/max_reached")
-            self._dead(lease, request, f"gave up after {attempts} attempts: {reason}", status,
-                       error)
-            return
-        if scrapys is not None:
-            self._inc("retry/count")
-            self._inc(f"retry/reason_count/{scrapys}")
-        wait = delay if delay is not None else backoff(attempts - 1, self.backoff_base,
-                                                       self.backoff_max)
-        logger.debug("Retrying %s in %.1fs (attempt %d): %s", request, wait, attempts, reason)
-        self._inc("webfarm/frontier/retried")
-        self.link.op("retry", self.frontier._retry_args(lease, wait, reason))
-
-    def _retried(self, result: Any, request: Request) -> bool:
-        """Whether :meth:`finished` retries this lease for ``result``: a ``RetryLater``, or
-        an error that is no ``IgnoreRequest`` (robots.txt, offsite: a normal end)."""
-        if not isinstance(result, Failure) or request.meta.get(LEASE) not in self._inflight:
-            return False
-        return isinstance(result.value, RetryLater) or not isinstance(result.value,
-                                                                       IgnoreRequest)
-
-    def _last_try(self, request: Request) -> bool:
-        return int(request.meta.get(ATTEMPTS, 0)) + 1 >= request_attempts(request,
-                                                                         self.retry_times)
-
-    def _dead(self, lease: str, request: Request, reason: str, status: int | None,
-              error: str | None) -> None:
-        logger.warning("Dead-lettered %s: %s", request, reason)
-        self._inc("webfarm/frontier/dead")
-        self.link.op("dead", self.frontier._dead_args(lease, reason, status=status, error=error))
 
     # -- politeness -------------------------------------------------------------------------
 

@@ -1,0 +1,163 @@
+"""How a request the frontier leased ends: acknowledged, retried, or dead-lettered.
+
+The frontier scheduler hands requests out under a lease (``meta[LEASE]``) and must
+tell the frontier what became of each. Middlewares and pipelines say it by raising
+(:mod:`webfarm.exceptions`) or through Scrapy's ``item_error`` and ``spider_error``
+signals, never by talking to Redis; :class:`LeaseEnds` turns that into an
+acknowledgement, a retry (exponential backoff with full jitter; after
+``WEBFARM_RETRY_TIMES`` tries, the dead-letter queue) or a dead letter, queued on the
+:class:`~webfarm.frontierlink.FrontierLink` with the next exchange.
+
+It sees each result through the engine's download-output hook. As under Scrapy's
+``RetryMiddleware``, a try the frontier will retry is kept from the spider, and the
+last one hands it what Scrapy would (:func:`webfarm.outcomes.given_up`), so an
+errback hears of a failure once, with the error itself. A part of the scheduler,
+apart because it is its own concern: the scheduler keeps the leases in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from scrapy import Request, Spider
+from scrapy.exceptions import IgnoreRequest
+from scrapy.settings import BaseSettings
+from twisted.internet.defer import succeed
+from twisted.python.failure import Failure
+
+from webfarm.exceptions import DeadLetter, ItemError, RetryLater
+from webfarm.frontier import Frontier, backoff
+from webfarm.outcomes import OutputHandler, given_up, retry_reason
+from webfarm.queue import ATTEMPTS, LEASE, allowed_attempts, request_attempts
+
+if TYPE_CHECKING:
+    from webfarm.frontierlink import FrontierLink
+
+logger = logging.getLogger(__name__)
+
+
+class LeaseEnds:
+    """Ends the leases of ``inflight`` (lease id -> request, the scheduler's) once their
+    requests are done; ``inc`` counts a stat."""
+
+    def __init__(self, settings: BaseSettings, inflight: dict[str, Request],
+                 inc: Callable[[str], None]) -> None:
+        self.retry_times = allowed_attempts(settings)
+        self.backoff_base = settings.getfloat("WEBFARM_RETRY_BACKOFF_BASE", 2.0)
+        self.backoff_max = settings.getfloat("WEBFARM_RETRY_BACKOFF_MAX", 600.0)
+        self.inflight = inflight
+        self._inc = inc
+        self._failed: dict[str, tuple[str, str]] = {}  # lease -> (kind, reason)
+        self.link: FrontierLink | None = None
+        self.frontier: Frontier | None = None
+
+    def open(self, link: FrontierLink, frontier: Frontier) -> None:
+        self.link, self.frontier = link, frontier
+
+    def wrap(self, original: OutputHandler) -> OutputHandler:
+        """The engine's handler of a download's result, ending the lease after it."""
+        def handle_downloader_output(result: Any, request: Request) -> Any:
+            shown = result
+            if self._retried(result, request):
+                # As Scrapy's RetryMiddleware: the spider (an errback) hears of a failure
+                # once, when the request is given up, and of the error itself.
+                if not self._last_try(request):
+                    return self._finished_passthrough(succeed(None), request, result)
+                shown = given_up(result, request)
+            d = original(shown, request)
+            d.addBoth(self._finished_passthrough, request, result)
+            return d
+
+        return handle_downloader_output
+
+    def _finished_passthrough(self, passthrough: Any, request: Request, result: Any) -> Any:
+        try:
+            self.finished(request, result)
+        except Exception:  # never break the engine's callback chain
+            logger.exception("Error while finishing %s", request)
+        return passthrough
+
+    def finished(self, request: Request, result: Any) -> None:
+        """Acknowledge, retry or dead-letter the lease of a request that is done."""
+        lease = request.meta.get(LEASE)
+        if not lease or self.inflight.pop(lease, None) is None:
+            return
+        assert self.link is not None
+        failed = self._failed.pop(lease, None)
+        exc = result.value if isinstance(result, Failure) else None
+        if isinstance(exc, DeadLetter):
+            self._dead(lease, request, exc.reason, exc.status, exc.error)
+        elif isinstance(exc, RetryLater):
+            self._retry(lease, request, exc.reason, exc.delay, exc.status, exc.error,
+                        retry_reason(exc))
+        elif isinstance(exc, IgnoreRequest):
+            self.link.acks.append(lease)  # robots.txt, offsite...: a normal end
+            self._inc("webfarm/frontier/acked")
+        elif exc is not None:
+            error = f"{type(exc).__name__}: {exc}"
+            self._retry(lease, request, f"download failed: {error}", None, None, error,
+                        retry_reason(exc))
+        elif failed is not None and failed[0] == "spider":
+            self._dead(lease, request, failed[1], None, None)
+        elif failed is not None:
+            self._retry(lease, request, failed[1], None, None, None)
+        else:
+            self.link.acks.append(lease)
+            self._inc("webfarm/frontier/acked")
+
+    def item_error(self, item: Any, response: Any, spider: Spider, failure: Failure) -> None:
+        lease = getattr(response, "meta", {}).get(LEASE) if response is not None else None
+        if not lease:
+            return
+        if isinstance(failure.value, ItemError):  # a refetch gives the same item: dead-letter
+            self._failed[lease] = ("spider", f"item not stored: {failure.value}")
+        else:  # a store that kept failing: fetch and store the page again later
+            self._failed.setdefault(lease, ("item", f"item pipeline failed: {failure.value!r}"))
+
+    def spider_error(self, failure: Failure, response: Any, spider: Spider) -> None:
+        lease = getattr(response, "meta", {}).get(LEASE) if response is not None else None
+        if lease:
+            reason = f"spider callback failed: {type(failure.value).__name__}: {failure.value}"
+            self._failed[lease] = ("spider", reason)
+
+    def _retry(self, lease: str, request: Request, reason: str, delay: float | None,
+               status: int | None, error: str | None, scrapys: str | None = None) -> None:
+        """``scrapys``: a download's retry, counted in Scrapy's ``retry/*`` stats as well
+        (what monitoring built for Scrapy reads) under that reason."""
+        attempts = int(request.meta.get(ATTEMPTS, 0)) + 1
+        if self._last_try(request):
+            if scrapys is not None:
+                self._inc("retry/max_reached")
+            self._dead(lease, request, f"gave up after {attempts} attempts: {reason}", status,
+                       error)
+            return
+        if scrapys is not None:
+            self._inc("retry/count")
+            self._inc(f"retry/reason_count/{scrapys}")
+        wait = delay if delay is not None else backoff(attempts - 1, self.backoff_base,
+                                                       self.backoff_max)
+        logger.debug("Retrying %s in %.1fs (attempt %d): %s", request, wait, attempts, reason)
+        self._inc("webfarm/frontier/retried")
+        assert self.link is not None and self.frontier is not None
+        self.link.op("retry", self.frontier._retry_args(lease, wait, reason))
+
+    def _retried(self, result: Any, request: Request) -> bool:
+        """Whether :meth:`finished` retries this lease for ``result``: a ``RetryLater``, or
+        an error that is no ``IgnoreRequest`` (robots.txt, offsite: a normal end)."""
+        if not isinstance(result, Failure) or request.meta.get(LEASE) not in self.inflight:
+            return False
+        return isinstance(result.value, RetryLater) or not isinstance(result.value,
+                                                                       IgnoreRequest)
+
+    def _last_try(self, request: Request) -> bool:
+        return int(request.meta.get(ATTEMPTS, 0)) + 1 >= request_attempts(request,
+                                                                         self.retry_times)
+
+    def _dead(self, lease: str, request: Request, reason: str, status: int | None,
+              error: str | None) -> None:
+        logger.warning("Dead-lettered %s: %s", request, reason)
+        self._inc("webfarm/frontier/dead")
+        assert self.link is not None and self.frontier is not None
+        self.link.op("dead", self.frontier._dead_args(lease, reason, status=status, error=error))
