@@ -91,7 +91,7 @@ def test_each_worker_logs_in_itself_and_the_password_never_reaches_redis(club, s
                                for c in written)
 
 
-def test_a_login_answered_503_is_tried_again(club, stores, tmp_path):
+def test_a_login_answered_503_is_tried_again(club, stores):
     """A ``webfarm_local`` request has no lease: a 503 to it used to end it without a word
     (the frontier it was handed to does not hold it), and the worker crawled logged out."""
     base = club.base_urls[0]
