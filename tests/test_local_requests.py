@@ -93,7 +93,8 @@ def test_each_worker_logs_in_itself_and_the_password_never_reaches_redis(club, s
 
 def test_a_login_answered_503_is_tried_again(club, stores):
     """A ``webfarm_local`` request has no lease: a 503 to it used to end it without a word
-    (the frontier it was handed to does not hold it), and the worker crawled logged out."""
+    (the frontier it was handed to does not hold it): the login's callback never ran, so
+    the members' pages were never asked for."""
     base = club.base_urls[0]
     answered: list[int] = []
 

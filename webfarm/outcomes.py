@@ -8,7 +8,7 @@ no frontier behind it: every request of ``scrapy fetch``, ``parse``, ``shell``,
 ``view`` and ``check`` (Scrapy's own scheduler) and a crawl's ``webfarm_local``
 ones (a login). Such a request vanished: ``scrapy fetch`` of a page answering 503,
 or of one over ``DOWNLOAD_MAXSIZE``, printed nothing and said nothing, and a login that
-met a 503 left its worker crawling logged out, with nothing in the log.
+met a 503 ended there: its callback never ran, and nothing in the log said why.
 
 :class:`UnqueuedOutcomes` gives those requests Scrapy's behaviour. A
 ``RetryLater`` is retried at once with :func:`retry_here` (Scrapy's
