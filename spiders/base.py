@@ -26,9 +26,10 @@ from webfarm.links import MAX_LINKS_PER_PAGE, extract_links
 from webfarm.recrawl import GONE_STATUSES
 from webfarm.recrawl import META_KEY as RECRAWL
 from webfarm.render import check_render_arguments
-from webfarm.urls import host_of
+from webfarm.urls import host_of, scope_host
 
 logger = logging.getLogger(__name__)
+_PORTS = {"http": 80, "https": 443}
 
 
 def _split(value: str | Iterable[str] | None) -> list[str]:
@@ -37,6 +38,17 @@ def _split(value: str | Iterable[str] | None) -> list[str]:
     if isinstance(value, str):
         value = value.split(",")
     return [v.strip() for v in value if v and v.strip()]
+
+
+def _hosts(value: str | Iterable[str] | None, source: str) -> list[str]:
+    """The hosts a spider stays inside, spelled as the hosts of URLs (:func:`scope_host`)."""
+    hosts = []
+    for entry in _split(value):
+        try:
+            hosts.append(scope_host(entry))
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}") from None
+    return list(dict.fromkeys(hosts))
 
 
 def _scrapy_names(spargs: dict[str, Any], start: Any, domains: Any) -> tuple[Any, Any]:
@@ -83,9 +95,11 @@ class WebfarmSpider(scrapy.Spider):
         super().__init__(**kwargs)
         args = self.check_arguments(start=start, domains=domains, max_pages=max_pages)
         self.start_urls = args["start"] or list(self.start_urls)
-        self.hosts = args["domains"] or list(self.hosts) or [host_of(u) for u in self.start_urls]
+        self.hosts = args["domains"] or [host_of(u) for u in self.start_urls]
+        scope = [urlsplit(f"//{h}") for h in self.hosts]
+        self._scope = [(p.hostname or "", p.port) for p in scope]  # read once, for in_scope
         # The offsite middleware compares bare host names; ``hosts`` keep the port.
-        self.allowed_domains = sorted({urlsplit(f"//{h}").hostname or h for h in self.hosts})
+        self.allowed_domains = sorted({name for name, _ in self._scope})
         self.max_pages = args["max_pages"]
         self.pages_seen = 0
         self._counted: weakref.WeakSet[Response] = weakref.WeakSet()
@@ -121,20 +135,31 @@ class WebfarmSpider(scrapy.Spider):
             raise ValueError(f"{cls.__name__}.extract is 'async def'; make it a plain 'def' "
                              "that yields items: the crawl and `scrapy reparse` call it "
                              "synchronously")
-        return {"start": start, "domains": _split(spargs.get("domains")), "max_pages": max_pages}
+        domains = (_hosts(spargs.get("domains"), "domains")
+                   or _hosts(cls.hosts, f"{cls.__name__}.hosts")
+                   or _hosts(getattr(cls, "allowed_domains", None),
+                             f"{cls.__name__}.allowed_domains"))
+        return {"start": start, "domains": domains, "max_pages": max_pages}
 
     async def start(self) -> AsyncIterator[Any]:
         for url in self.start_urls:
             yield scrapy.Request(url, callback=self.parse)
 
     def in_scope(self, url: str) -> bool:
-        """Is ``url`` on one of this spider's hosts (``host`` matches any port)?"""
+        """Is ``url`` on one of this spider's hosts or their subdomains (``host`` matches
+        any port, ``host:port`` that port only)?"""
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        if parts.scheme not in _PORTS or not parts.hostname:
             return False
-        host = host_of(url)
-        bare = parts.hostname.lower()
-        return any(h in (host, bare) or bare.endswith("." + h) for h in self.hosts)
+        name = parts.hostname
+        if not name.isascii():  # links are punycode already; a URL of the spider's may not be
+            name = urlsplit("//" + host_of(url)).hostname or name
+        try:
+            port = parts.port or _PORTS[parts.scheme]
+        except ValueError:
+            return False
+        return any((name == host or name.endswith("." + host)) and want in (None, port)
+                   for host, want in self._scope)
 
     def page_item(self, response: Response) -> PageItem:
         request_url = response.meta.get("redirect_urls", [response.url])[0]

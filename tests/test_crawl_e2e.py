@@ -9,6 +9,7 @@ import boto3
 import pymongo
 import pytest
 import redis
+from scrapy.utils.test import get_crawler
 
 from tests import runner
 from webfarm.blobstore import open_blob_store
@@ -97,6 +98,8 @@ def test_crawl_writes_blobs_to_s3(web, redis_url, mongo_uri, mongo_db_name, s3_s
     (["-a", "start=ftp://example.com/"], "not an http(s) URL"),
     (["-a", "start=http://127.0.0.2:1/", "-a", "max_pages=ten"], "not a whole number"),
     (["-a", "start_urls=ftp://example.com/"], "not an http(s) URL"),
+    (["-a", "start=http://127.0.0.2:1/", "-a", "domains=https://127.0.0.2:1/blog/"],
+     "domains: 'https://127.0.0.2:1/blog/' is a URL with a path; give its host, '127.0.0.2:1'"),
 ])
 def test_bad_spider_arguments(redis_url, mongo_uri, tmp_path, spider_args, message):
     env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri,
@@ -124,6 +127,54 @@ def test_scrapy_argument_names_start_urls_and_allowed_domains_work_as_start_and_
     assert both.start_urls == ["http://a.test/", "http://c.test/"]
     with pytest.raises(ValueError, match="'h' is not an http"):
         GenericSpider.check_arguments(start_urls="h")
+
+
+LINKS = ["http://example.com/a", "https://www.example.com:8443/b", "http://xn--bcher-kva.de/c",
+         "http://shop.test:8080/d", "http://shop.test:9090/e", "https://shop.test/f",
+         "http://other.test/g", "http://notexample.com/h"]
+
+
+def followed(spider) -> list[str]:
+    """The links ``spider`` follows from a page linking to :data:`LINKS`, as far as Scrapy's
+    offsite middleware lets them through too."""
+    from scrapy.downloadermiddlewares.offsite import OffsiteMiddleware
+    from scrapy.http import HtmlResponse
+
+    body = "".join(f'<a href="{url}">x</a>' for url in LINKS).encode()
+    page = HtmlResponse("http://example.com/", body=body, encoding="utf-8")
+    offsite = OffsiteMiddleware.from_crawler(get_crawler(type(spider)))
+    return [r.url for r in spider.follow(page) if offsite.should_follow(r, spider)]
+
+
+def test_domains_are_matched_however_the_user_spells_them():
+    """``-a domains=`` given as ``Example.COM``, an IDN or a site's root URL matched no link
+    (links' hosts are lower case and punycode), so the crawl stopped after its start pages
+    without a word; ``host:443`` did not match ``https://host/``."""
+    from spiders.generic import GenericSpider
+
+    spider = GenericSpider(domains="Example.COM,Bücher.de,http://shop.test:8080/,shop.test:443")
+    assert spider.hosts == ["example.com", "xn--bcher-kva.de", "shop.test:8080", "shop.test:443"]
+    assert followed(spider) == ["http://example.com/a", "https://www.example.com:8443/b",
+                                "http://xn--bcher-kva.de/c", "http://shop.test:8080/d",
+                                "https://shop.test/f"]
+
+
+def test_a_scrapy_spider_s_allowed_domains_attribute_sets_its_hosts():
+    """A spider written the Scrapy way (``allowed_domains`` on the class) had them replaced
+    by its start URLs' hosts: ``www.example.com`` only, not the domain it named."""
+    from spiders.base import WebfarmSpider
+
+    class Shop(WebfarmSpider):
+        name = "shop"
+        start_urls = ["https://www.example.com/"]
+        allowed_domains = ["example.com", "shop.test"]
+
+    assert followed(Shop()) == ["http://example.com/a", "https://www.example.com:8443/b",
+                                "http://shop.test:8080/d", "http://shop.test:9090/e",
+                                "https://shop.test/f"]
+    Shop.hosts = ["*.example.com"]  # hosts, when given, win; a bad one says what to write
+    with pytest.raises(ValueError, match=r"Shop\.hosts: '\*\.example\.com': give 'example\.com'"):
+        Shop()
 
 
 def test_crawl_with_scrapys_argument_names(web, redis_url, mongo_uri, mongo_db_name, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from scrapy import Request
 from scrapy.utils.test import get_crawler
@@ -12,6 +14,7 @@ from webfarm.urls import (
     canonical_url,
     host_of,
     request_fingerprint,
+    scope_host,
     url_fingerprint,
 )
 
@@ -169,3 +172,36 @@ def test_host_of_agrees_with_canonical_url() -> None:
     for url in ["http://Example.com:80/a", "https://[0::1]:8443/", "http://Bücher.de:81/"]:
         netloc = canonical_url(url).split("/")[2]
         assert host_of(url) == netloc
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ("Example.COM", "example.com"),
+    ("EXAMPLE.com:8080", "example.com:8080"),
+    ("münchen.de", "xn--mnchen-3ya.de"),  # as the hosts of links are spelled
+    ("Bücher.de:81", "xn--bcher-kva.de:81"),
+    ("example.com.", "example.com"),
+    ("127.0.0.2:8081", "127.0.0.2:8081"),
+    ("[0:0::1]:8080", "[::1]:8080"),
+    ("https://Example.com/", "example.com"),  # a site's root URL: its host
+    ("http://127.0.0.2:8081", "127.0.0.2:8081"),
+])
+def test_scope_host_spells_hosts_as_urls_spell_them(given: str, expected: str) -> None:
+    assert scope_host(given) == expected
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ("https://example.com/blog/", "is a URL with a path; give its host, 'example.com'"),
+    ("ftp://example.com/", "is not a host; give one such as example.com"),
+    ("*.example.com", "give 'example.com', which covers its subdomains"),
+    (".example.com", "give 'example.com', which covers its subdomains"),
+    ("example.com:http", "a port is a number from 1 to 65535"),
+    ("example.com:0", "a port is a number from 1 to 65535"),
+    ("example.com:70000", "a port is a number from 1 to 65535"),
+    ("user@example.com", "is not a host; give host or host:port"),
+    ("example.com/shop", "is not a host; give host or host:port"),
+    ("exa mple.com", "is not a host; give host or host:port"),
+    ("[zz]:80", "is not a host; give host or host:port"),
+])
+def test_scope_host_refuses_what_is_not_a_host_and_says_what_to_give(given, message) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        scope_host(given)

@@ -25,6 +25,7 @@ selects content (a referral programme, a git ref).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 from collections.abc import Iterable
 from functools import lru_cache
@@ -199,6 +200,54 @@ def host_of(url: str) -> str:
         # Same spelling as canonical_url (punycode, normalised IPv6), so the keys agree.
         return urlsplit(canonical_url(url, ())).netloc.rpartition("@")[2]
     return _drop_default_port(parts.scheme.lower(), hostport.lower())
+
+
+_HOST_NAME = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*")
+
+
+def scope_host(value: str) -> str:
+    """One host a spider stays inside, as a user gives it (``host``, ``host:port`` or a
+    site's root URL), spelled as :func:`host_of` spells the hosts of URLs: lower case,
+    IDN as punycode. ValueError says what to give instead.
+
+    Why: a spider's hosts are compared with the hosts of the links it finds, which are
+    always spelled that way. ``Example.com``, ``bücher.de`` or ``https://example.com/``
+    kept as given matched no link, and the crawl ended after its start pages, silently.
+    """
+    text = str(value).strip()
+    if "://" in text:
+        parts = urlsplit(text)
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r} is not a host; give one such as example.com")
+        if parts.path.strip("/") or parts.query or parts.fragment:
+            raise ValueError(f"{value!r} is a URL with a path; give its host, "
+                             f"{host_of(text)!r}: links are followed anywhere on a host")
+        text = host_of(text)
+    if text.startswith((".", "*.")):
+        raise ValueError(f"{value!r}: give {text.lstrip('*.')!r}, which covers its subdomains")
+    try:
+        parts = urlsplit(f"//{text}")  # ValueError for a bracketed name that is no IPv6
+    except ValueError:
+        parts = urlsplit("//")
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise ValueError(f"{value!r}: a port is a number from 1 to 65535")
+    name = (parts.hostname or "").rstrip(".")
+    if ":" in name:  # IPv6
+        try:
+            name = f"[{ipaddress.IPv6Address(name).compressed}]"
+        except ValueError:
+            name = ""
+    elif not name.isascii():  # IDN: punycode, as canonical_url spells it
+        name = urlsplit(canonical_url(f"http://{name}/", ())).hostname or ""
+    if (not name.startswith("[") and not _HOST_NAME.fullmatch(name)) or parts.path \
+            or parts.query or parts.fragment or "@" in parts.netloc:
+        raise ValueError(f"{value!r} is not a host; give host or host:port, such as "
+                         "example.com or 127.0.0.1:8080")
+    return f"{name}:{port}" if port is not None else name
 
 
 class RequestFingerprinter:
