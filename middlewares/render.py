@@ -95,7 +95,8 @@ class RenderMiddleware:
         self.default_mode = parse_mode(settings.get("WEBFARM_RENDER", "auto"), "WEBFARM_RENDER")
         self.host_modes = parse_host_modes(settings.get("WEBFARM_RENDER_HOSTS"))
         api_hosts = settings.getlist("WEBFARM_FETCH_API_HOSTS")
-        self.host_modes.update({host_key(h): "api" for h in api_hosts if h.strip()})
+        self.host_modes.update({host_key(h, "WEBFARM_FETCH_API_HOSTS"): "api"
+                                for h in api_hosts if h.strip()})
         self.memory_seconds = settings.getfloat("WEBFARM_RENDER_MEMORY_SECONDS", 21600.0)
         rate = settings.getfloat("WEBFARM_RENDER_PROBE_RATE", 0.05)
         self.probe_period = round(1 / rate) if rate > 0 else 0

@@ -440,6 +440,12 @@ def test_configuration_errors_are_one_clear_line(tmp_path):
         parse_host_modes("shop.example")
     assert parse_host_modes('{"http://Shop.example:8080/": "browser"}') == {
         "shop.example:8080": "browser"}
+    # As page hosts are spelled (punycode): "Bücher.de" as given matched no page.
+    assert mode_for_host(parse_host_modes("Bücher.de=browser"), "www.xn--bcher-kva.de") \
+        == "browser"
+    with pytest.raises(RenderConfigError, match=r"WEBFARM_RENDER_HOSTS: '\*\.shop\.example': "
+                                                r"give 'shop\.example'"):
+        parse_host_modes("*.shop.example=browser")
     rules = parse_host_modes("example.com=browser, api.example.com:8443=http")
     assert mode_for_host(rules, "www.example.com") == "browser"  # a domain covers subdomains
     assert mode_for_host(rules, "api.example.com:8443") == "http"

@@ -19,10 +19,11 @@ import logging
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 from lxml import etree
 from scrapy.http import Response, TextResponse
+
+from webfarm.urls import host_of, scope_host
 
 logger = logging.getLogger(__name__)
 
@@ -79,16 +80,17 @@ def parse_host_modes(value: Any, source: str = "WEBFARM_RENDER_HOSTS") -> dict[s
             value = pairs
     if not isinstance(value, Mapping):
         raise RenderConfigError(f"{source} must map host to mode, got {type(value).__name__}")
-    return {host_key(h): parse_mode(m, f"{source}[{h!r}]") for h, m in value.items()}
+    return {host_key(h, source): parse_mode(m, f"{source}[{h!r}]") for h, m in value.items()}
 
 
-def host_key(value: Any) -> str:
-    """``host``, ``host:port`` or a URL, as the host key rules are matched on."""
-    text = str(value).strip().lower()
-    if "://" in text:
-        parts = urlsplit(text)
-        text = parts.netloc.rsplit("@", 1)[-1]
-    return text.rstrip("/")
+def host_key(value: Any, source: str = "WEBFARM_RENDER_HOSTS") -> str:
+    """``host``, ``host:port`` or a URL (its host), spelled as :func:`host_of` spells the
+    hosts rules are matched on: ``Bücher.de`` as given never matched a page."""
+    text = str(value).strip()
+    try:
+        return scope_host(host_of(text) if "://" in text else text)
+    except ValueError as exc:
+        raise RenderConfigError(f"{source}: {exc}") from None
 
 
 def mode_for_host(host_modes: Mapping[str, str], host: str) -> str | None:
