@@ -8,6 +8,7 @@ site spider only its extraction: override :meth:`extract`.
 from __future__ import annotations
 
 import inspect
+import ipaddress
 import logging
 import time
 import weakref
@@ -38,6 +39,16 @@ def _split(value: str | Iterable[str] | None) -> list[str]:
     if isinstance(value, str):
         value = value.split(",")
     return [v.strip() for v in value if v and v.strip()]
+
+
+def _ip6(name: str) -> str:
+    """An IPv6 address in one spelling (``::ffff:127.0.0.3`` is ``::ffff:7f00:3``)."""
+    if ":" not in name:
+        return name
+    try:
+        return ipaddress.IPv6Address(name).compressed
+    except ValueError:
+        return name
 
 
 def _hosts(value: str | Iterable[str] | None, source: str) -> list[str]:
@@ -97,9 +108,9 @@ class WebfarmSpider(scrapy.Spider):
         self.start_urls = args["start"] or list(self.start_urls)
         self.hosts = args["domains"] or [host_of(u) for u in self.start_urls]
         scope = [urlsplit(f"//{h}") for h in self.hosts]
-        self._scope = [(p.hostname or "", p.port) for p in scope]  # read once, for in_scope
         # The offsite middleware compares bare host names; ``hosts`` keep the port.
-        self.allowed_domains = sorted({name for name, _ in self._scope})
+        self.allowed_domains = sorted({p.hostname or "" for p in scope})
+        self._scope = [(_ip6(p.hostname or ""), p.port) for p in scope]  # for in_scope
         self.max_pages = args["max_pages"]
         self.pages_seen = 0
         self._counted: weakref.WeakSet[Response] = weakref.WeakSet()
@@ -151,7 +162,7 @@ class WebfarmSpider(scrapy.Spider):
         parts = urlsplit(url)
         if parts.scheme not in _PORTS or not parts.hostname:
             return False
-        name = parts.hostname
+        name = _ip6(parts.hostname)
         if not name.isascii():  # links are punycode already; a URL of the spider's may not be
             name = urlsplit("//" + host_of(url)).hostname or name
         try:

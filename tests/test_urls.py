@@ -181,7 +181,8 @@ def test_host_of_agrees_with_canonical_url() -> None:
     ("Bücher.de:81", "xn--bcher-kva.de:81"),
     ("example.com.", "example.com"),
     ("127.0.0.2:8081", "127.0.0.2:8081"),
-    ("[0:0::1]:8080", "[::1]:8080"),
+    ("[::1]:8080", "[::1]:8080"),
+    ("::ffff:127.0.0.3", "[::ffff:127.0.0.3]"),  # a bare IPv6 address
     ("https://Example.com/", "example.com"),  # a site's root URL: its host
     ("http://127.0.0.2:8081", "127.0.0.2:8081"),
 ])
@@ -200,6 +201,7 @@ def test_scope_host_spells_hosts_as_urls_spell_them(given: str, expected: str) -
     ("user@example.com", "is not a host; give host or host:port"),
     ("example.com/shop", "is not a host; give host or host:port"),
     ("exa mple.com", "is not a host; give host or host:port"),
+    ("shop/", "is not a host; give host or host:port"),
     ("[zz]:80", "is not a host; give host or host:port"),
 ])
 def test_scope_host_refuses_what_is_not_a_host_and_says_what_to_give(given, message) -> None:

@@ -202,7 +202,7 @@ def host_of(url: str) -> str:
     return _drop_default_port(parts.scheme.lower(), hostport.lower())
 
 
-_HOST_NAME = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*")
+_HOST_NAME = re.compile(r"[a-z0-9_.-]+")
 
 
 def scope_host(value: str) -> str:
@@ -225,6 +225,8 @@ def scope_host(value: str) -> str:
         text = host_of(text)
     if text.startswith((".", "*.")):
         raise ValueError(f"{value!r}: give {text.lstrip('*.')!r}, which covers its subdomains")
+    if text.count(":") > 1 and "[" not in text:  # a bare IPv6 address: no port
+        text = f"[{text}]"
     try:
         parts = urlsplit(f"//{text}")  # ValueError for a bracketed name that is no IPv6
     except ValueError:
@@ -236,9 +238,9 @@ def scope_host(value: str) -> str:
     if port == 0:
         raise ValueError(f"{value!r}: a port is a number from 1 to 65535")
     name = (parts.hostname or "").rstrip(".")
-    if ":" in name:  # IPv6
+    if ":" in name:  # IPv6, as the user wrote it: Scrapy's offsite check compares spellings
         try:
-            name = f"[{ipaddress.IPv6Address(name).compressed}]"
+            name = f"[{name}]" if ipaddress.IPv6Address(name) else ""
         except ValueError:
             name = ""
     elif not name.isascii():  # IDN: punycode, as canonical_url spells it
