@@ -87,6 +87,9 @@ WEBFARM_HOST_BUDGET = 0
 # Fingerprints a worker remembers sending to the frontier (a repeat is dropped locally, not
 # serialised and sent to Redis to be found a duplicate there); 0 = off.
 WEBFARM_RECENT_FINGERPRINTS = 100_000
+# Bytes of one queued request's JSON (URL, headers, body, meta, cb_kwargs): Redis keeps every
+# queued request in memory, so a spider passing page bodies along is refused; 0 = no limit.
+WEBFARM_MAX_ENTRY_BYTES = 1 << 20
 # Seconds between two requests to one host, across all workers (robots.txt Crawl-delay,
 # Retry-After and the latency rule can only make it longer).
 WEBFARM_HOST_DELAY = 1.0

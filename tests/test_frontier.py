@@ -408,6 +408,21 @@ def test_the_asyncio_exchange_does_what_exchange_does(redis_url: str, client: re
     assert counts["leased"] == 4 and counts["queued"] == MAX_PUSH + 1
 
 
+def test_a_push_is_split_by_payload_bytes_too(client: redis.Redis, monkeypatch) -> None:
+    """Entries of up to WEBFARM_MAX_ENTRY_BYTES each, MAX_PUSH of them in one script call,
+    would hold the server (every worker's exchange) while it copies them in."""
+    monkeypatch.setattr("webfarm.frontier.core.MAX_PUSH_BYTES", 10_000)
+    f = Frontier(client, "spider", default_delay=0)
+    push = [Entry("h.test", 0, fp(str(i)), json.dumps({"url": f"http://h.test/{i}",
+                                                      "pad": "x" * 3_000}))
+            for i in range(10)]
+    calls = f._steps("w", push, (), 1)
+    assert [n for _, n in calls] == [0, 0, 0, 1]  # 3 entries a call; the pop goes last
+    result = f.exchange("w", push=push, pop=1)
+    assert result.enqueued == [True] * 10 and len(result.popped) == 1
+    assert f.counts()["queued"] == 9
+
+
 def test_delays_sent_with_an_exchange_gate_its_pops(redis_url: str, client: redis.Redis
                                                      ) -> None:
     """Delay changes ride with the next exchange and come first in it; after SCRIPT FLUSH

@@ -182,11 +182,12 @@ def request_dict(request: Request, spider: Spider | None) -> dict[str, Any]:
 
 def request_entry(request: Request, spider: Spider | None, fingerprinter: Any,
                   fingerprint: bytes | None = None, callback: str | None = None,
-                  cb_kwargs: str | None = None) -> Entry:
+                  cb_kwargs: str | None = None, max_bytes: int = 0) -> Entry:
     """A frontier entry for ``request``: politeness host, priority, fingerprint, JSON
     (``fingerprint``: the request's, if the caller computed it already; ``callback``: the
     name of the spider method it goes to, for a caller without the spider: recrawl, and
-    ``cb_kwargs`` as a page stored them, ``serialize.dumps_value``)."""
+    ``cb_kwargs`` as a page stored them, ``serialize.dumps_value``). An entry's JSON over
+    ``max_bytes`` (0: no limit) is refused: Redis holds every queued entry in memory."""
     _refuse_proxy_credentials(request)
     data = request_dict(request, spider)
     if callback:  # checked against the spider by the worker that decodes it
@@ -198,6 +199,12 @@ def request_entry(request: Request, spider: Spider | None, fingerprinter: Any,
             raise serialize.SerializationError(f"its stored cb_kwargs are not JSON: {exc}"
                                                ) from None
     payload = serialize.dumps(data)
+    if max_bytes and len(payload) > max_bytes:
+        raise serialize.SerializationError(
+            f"its frontier entry is {len(payload):,} bytes of JSON (URL, headers, body, meta, "
+            f"cb_kwargs), over WEBFARM_MAX_ENTRY_BYTES={max_bytes:,}: Redis would hold it "
+            "in memory until a worker takes it; pass the next callback what it needs (an id, "
+            "a few fields), not a page or its body, or raise the setting")
     return Entry(
         host=host_of(request.url),
         priority=int(request.priority),

@@ -60,6 +60,7 @@ from twisted.internet.task import LoopingCall
 
 from webfarm import signals as wf_signals
 from webfarm.advice import cookies_not_sent, explain_nothing_fetched
+from webfarm.config import whole_number
 from webfarm.dupefilter import RecentFingerprints
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped
 from webfarm.frontierlink import FrontierLink
@@ -98,6 +99,8 @@ class Scheduler(BaseScheduler):
         self._slots = SlotDelays(settings)
         self._cookies_said = settings.getbool("COOKIES_ENABLED")  # nothing to say then
         self.flush_interval = settings.getfloat("WEBFARM_FLUSH_INTERVAL", 0.5)
+        self.max_entry_bytes = whole_number(settings, "WEBFARM_MAX_ENTRY_BYTES", 1 << 20,
+                                            "bytes", "no limit")
         self._recent = RecentFingerprints(settings.getint("WEBFARM_RECENT_FINGERPRINTS",
                                                           100_000))
         self.worker = f"{socket.gethostname()}:{os.getpid()}:{token_hex(3)}"
@@ -225,7 +228,7 @@ class Scheduler(BaseScheduler):
                 return False  # dropped, as Scrapy's own scheduler drops a duplicate
         try:
             entry = request_entry(request, self.spider, self.crawler.request_fingerprinter,
-                                  fingerprint)
+                                  fingerprint, max_bytes=self.max_entry_bytes)
         except SerializationError as exc:
             logger.error("Cannot queue %s: %s", request, exc)
             self._inc("webfarm/frontier/unserializable")

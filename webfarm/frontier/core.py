@@ -33,6 +33,9 @@ SCRIPT = "\n".join(
 )
 _BAD_HOST = re.compile(r"\s")
 MAX_PUSH = 1000  # entries per script call: keeps each call short for the other workers
+#: Payload bytes per script call: Redis drops a client whose command passes its
+#: client-query-buffer-limit (1 GiB by default), and a call holds the server while it runs.
+MAX_PUSH_BYTES = 32 << 20
 
 
 class Entry(NamedTuple):
@@ -164,15 +167,20 @@ class Frontier(FrontierReads):
 
     def _steps(self, worker: str, push: Sequence[Entry], ack: Sequence[str], pop: int
                ) -> list[tuple[list[Any], int]]:
-        """The script calls of one exchange: pushes past :data:`MAX_PUSH` go first, alone."""
+        """The script calls of one exchange: pushes past :data:`MAX_PUSH` entries or
+        :data:`MAX_PUSH_BYTES` of payload go first, alone."""
         if pop and (not worker or _BAD_HOST.search(worker)):
             raise ValueError(f"a worker name without spaces is needed to pop, not {worker!r}")
-        entries = list(push)
         steps = []
-        while len(entries) > MAX_PUSH:
-            steps.append((self._step_args("", entries[:MAX_PUSH], (), 0), 0))
-            entries = entries[MAX_PUSH:]
-        steps.append((self._step_args(worker, entries, ack, pop), pop))
+        batch: list[Entry] = []
+        size = 0
+        for entry in push:
+            if batch and (len(batch) == MAX_PUSH or size + len(entry[3]) > MAX_PUSH_BYTES):
+                steps.append((self._step_args("", batch, (), 0), 0))
+                batch, size = [], 0
+            batch.append(entry)
+            size += len(entry[3])
+        steps.append((self._step_args(worker, batch, ack, pop), pop))
         return steps
 
     @staticmethod
