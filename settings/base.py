@@ -113,6 +113,9 @@ SPIDER_MIDDLEWARES_BASE = {**_scrapy.SPIDER_MIDDLEWARES_BASE,
                            "middlewares.sources.ItemSourceMiddleware": 950}
 DOWNLOADER_MIDDLEWARES_BASE = {
     **_scrapy.DOWNLOADER_MIDDLEWARES_BASE,
+    # A frontier request outside this worker's hosts goes back for another worker.
+    "scrapy.downloadermiddlewares.offsite.OffsiteMiddleware": None,
+    "middlewares.offsite.FrontierOffsiteMiddleware": 50,
     "middlewares.ssrf.SSRFGuardMiddleware": 50,
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     # RFC 9309 robots.txt, shared by workers (Scrapy's allows all on 5xx and errors).

@@ -1,0 +1,60 @@
+"""Scrapy's offsite filter, except that a request taken from the frontier is given back.
+
+Scrapy's ``OffsiteMiddleware`` drops a request to a host outside the spider's
+``allowed_domains``, with a DEBUG line. That is right for a request the spider yields:
+this middleware still drops it before it is queued, as Scrapy does. A request taken from
+the shared frontier is another matter. Its lease was acknowledged and the URL was gone,
+not fetched, not in the dead-letter queue, though the frontier would never hand it out
+again. That happens to URLs from ``scrapy seed`` outside the worker's hosts. It also
+happens to another crawl's pages when two ``scrapy crawl generic`` runs with different
+``-a domains`` share the spider's frontier: each dropped the other's pages.
+
+Here such a request ends in :class:`~webfarm.exceptions.RetryLater`. The frontier hands
+it out again with backoff, so a worker whose hosts include it fetches it. After
+``WEBFARM_RETRY_TIMES`` tries it is dead-lettered with the reason ``offsite: ...``, where
+``scrapy dlq SPIDER --requeue --reason offsite`` finds it. Said once per host, at WARNING;
+Scrapy's ``offsite/filtered`` and ``offsite/domains`` stats count as before.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from scrapy import Request, Spider
+from scrapy.downloadermiddlewares.offsite import OffsiteMiddleware
+from scrapy.utils.httpobj import urlparse_cached
+
+from webfarm.exceptions import RetryLater
+from webfarm.queue import LEASE
+
+logger = logging.getLogger(__name__)
+
+
+class FrontierOffsiteMiddleware(OffsiteMiddleware):
+    """Drops offsite requests the spider yields; gives back those the frontier leased."""
+
+    def request_scheduled(self, request: Request, spider: Spider) -> None:
+        # Yielded by this worker's spider (a redirect too): dropped before it is queued.
+        super().process_request(request)
+
+    def process_request(self, request: Request, spider: Spider | None = None) -> None:
+        if LEASE not in request.meta:
+            return super().process_request(request)
+        own = self.crawler.spider
+        assert own is not None
+        if request.dont_filter or request.meta.get("allow_offsite") or \
+                self.should_follow(request, own):
+            return None
+        host = urlparse_cached(request).hostname or ""
+        hosts = ", ".join(getattr(own, "allowed_domains", None) or ()) or "none"
+        if host not in self.domains_seen:
+            self.domains_seen.add(host)
+            self.stats.inc_value("offsite/domains")
+            logger.warning(
+                "%s: host %r is outside this worker's hosts (%s); the frontier hands it to "
+                "another worker, and after WEBFARM_RETRY_TIMES tries keeps it as a dead "
+                "letter: `scrapy dlq %s --requeue --reason offsite` once a worker whose "
+                "hosts include it runs (said once per host)", request, host, hosts, own.name)
+        self.stats.inc_value("offsite/filtered")
+        raise RetryLater(f"offsite: {host} is outside the hosts of the worker that took it "
+                         f"({hosts})")

@@ -1,0 +1,51 @@
+"""A request the frontier hands to a worker whose hosts do not include it goes back, not
+away. Scrapy's offsite filter dropped it with a DEBUG line and its lease was acknowledged:
+URLs seeded outside a worker's ``-a domains``, or the pages of another ``scrapy crawl
+generic`` sharing the spider's frontier, were gone without a trace."""
+
+from __future__ import annotations
+
+import pymongo
+
+from tests import crawlcheck, runner
+from tests.testweb import Response, TestWeb
+
+HOSTS = ("127.0.0.17", "127.0.0.18")
+FAST = ["-s", "WEBFARM_RETRY_TIMES=2", "-s", "WEBFARM_RETRY_BACKOFF_BASE=0.05",
+        "-s", "WEBFARM_RETRY_BACKOFF_MAX=0.1"]
+
+
+def fetched(web: TestWeb, base: str) -> list[str]:
+    return sorted(h.path for h in web.hits_for(host=base) if h.path != "/robots.txt")
+
+
+def test_seeded_pages_outside_a_worker_s_hosts_wait_for_a_worker_that_takes_them(stores):
+    with TestWeb(hosts=HOSTS, categories=1, products_per_category=1) as web:
+        mine, other = web.base_urls
+        pages = {base: [f"{base}/page-{i}" for i in range(3)] for base in (mine, other)}
+        for base, urls in pages.items():
+            for url in urls:
+                web.route(url[len(base):], Response.html(f"<title>{url}</title>"), host=base)
+        env = runner.env_for(**stores, WEBFARM_IDLE_TIMEOUT="2")
+        seeded = runner.scrapy(["seed", "generic", *pages[mine], *pages[other]], env, 60)
+        assert seeded.returncode == 0, seeded.output[-2000:]
+
+        first = runner.scrapy(["crawl", "generic", "-a", f"domains={mine.split('//')[1]}",
+                               *FAST], env, 120)
+        assert first.returncode == 0 and "Traceback" not in first.output, first.output[-3000:]
+        assert fetched(web, mine) == ["/page-0", "/page-1", "/page-2"]
+        assert web.hits_for(host=other) == []
+        said = [line for line in first.stderr.splitlines() if "outside this worker's" in line]
+        assert len(said) == 1 and f"'{HOSTS[1]}'" in said[0], said  # once per host
+        assert "scrapy dlq generic --requeue --reason offsite" in said[0]
+        assert crawlcheck.stat(first.stderr, "offsite/filtered") == 6  # 3 pages, 2 tries
+        assert crawlcheck.stat(first.stderr, "webfarm/frontier/dead") == 3
+
+        requeued = runner.scrapy(["dlq", "generic", "--requeue", "--reason", "offsite"], env, 60)
+        assert "requeued 3 dead letters" in requeued.stdout, requeued.output[-2000:]
+        second = runner.scrapy(["crawl", "generic", "-a", f"domains={other.split('//')[1]}",
+                                *FAST], env, 120)
+        assert second.returncode == 0, second.output[-3000:]
+        assert fetched(web, other) == ["/page-0", "/page-1", "/page-2"]
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    assert sorted(d["url"] for d in db.pages.find()) == sorted(pages[mine] + pages[other])
