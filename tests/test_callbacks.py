@@ -131,8 +131,10 @@ def test_cb_kwargs_too_large_to_keep_leave_the_page_stored_and_its_refetch_dead_
     (WEBFARM_STORAGE_RETRY_SECONDS, five times) and the request dead-lettered as
     'StorageUnavailable', its page logged whole in the error."""
     base = small_web.base_urls[0]
+    # Queued only with the entry limit lifted (WEBFARM_MAX_ENTRY_BYTES, 1 MiB by default)
     out = crawl("test_big_cb_kwargs", f"{base}/category/garden", stores,
-                "-a", "size=17000000", "-s", "WEBFARM_STORAGE_RETRY_SECONDS=2")
+                "-a", "size=17000000", "-s", "WEBFARM_STORAGE_RETRY_SECONDS=2",
+                "-s", "WEBFARM_MAX_ENTRY_BYTES=0")
     db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
     products = [d for d in db.pages.find() if "/product/" in d["url"]]
     assert len(products) == 2 and all(d["callback"] == "parse_product" for d in products)
