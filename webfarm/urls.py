@@ -240,9 +240,11 @@ def scope_host(value: str) -> str:
     name = (parts.hostname or "").rstrip(".")
     if ":" in name:  # IPv6, as the user wrote it: Scrapy's offsite check compares spellings
         try:
-            name = f"[{name}]" if ipaddress.IPv6Address(name) else ""
+            ipaddress.IPv6Address(name)
         except ValueError:
             name = ""
+        else:
+            name = f"[{name}]"
     elif not name.isascii():  # IDN: punycode, as canonical_url spells it
         name = urlsplit(canonical_url(f"http://{name}/", ())).hostname or ""
     if (not name.startswith("[") and not _HOST_NAME.fullmatch(name)) or parts.path \
