@@ -3,6 +3,7 @@ subprocesses on a real Valkey and the test web; assertions on output and Redis s
 
 from __future__ import annotations
 
+import io
 import json
 
 import pymongo
@@ -154,6 +155,33 @@ def test_seed_input_checks_in_process(tmp_path):
         seed.read_url_file(str(binary))
     with pytest.raises(CommandError, match="no spider named 'nosuchspider'"):
         spider_class(get_project_settings(), "nosuchspider")
+
+
+def test_a_long_url_list_is_streamed_with_progress_and_still_all_or_nothing(
+        redis_url, client, tmp_path, monkeypatch, capsys):
+    """A URL file was held whole, then every entry built in memory before the first push:
+    836 MB for a million URLs, about 8 GB for the ten million a data team may have. It is
+    now checked in one pass and read again a line at a time (stdin through a temporary
+    file), with a line every PROGRESS_EVERY URLs; a bad line still enqueues nothing."""
+    monkeypatch.setattr(seed, "PROGRESS_EVERY", 1000)
+    urls = [f"http://h{i % 7}.test/p/{i}" for i in range(2500)]
+    good = "\n".join(urls[:1200] + ["# a comment", ""] + urls[1200:] + [urls[5]]) + "\n"
+    bad = tmp_path / "bad.txt"
+    bad.write_text("\n".join(urls + ["ftp://x/"]) + "\n")
+    command = seed_command()
+    command.settings.set("REDIS_URL", redis_url)
+    with pytest.raises(CommandError, match=r"bad.txt, line 2501: 'ftp://x/' is not an http"
+                                           r".*nothing was enqueued"):
+        command._seed("generic", [], seed_opts(files=[str(bad)]))
+    assert client.keys("webfarm:*") == []
+    monkeypatch.setattr("sys.stdin", io.StringIO(good))
+    command._seed("generic", [], seed_opts(files=["-"]))
+    out = capsys.readouterr()
+    assert out.out.strip() == ("seeded generic: 2500 enqueued, 0 already seen, 1 repeated in "
+                               "the input (2501 URLs given)")
+    assert out.err.splitlines() == ["seeding generic: 1,000 of about 2,501 URLs sent",
+                                    "seeding generic: 2,000 of about 2,501 URLs sent"]
+    assert queued_urls(frontier_of(client), client) == sorted(urls)
 
 
 def seed_command() -> seed.Command:

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import sys
-from collections.abc import Iterable
-from pathlib import Path
-from typing import Any, ClassVar
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any, ClassVar
 
 import redis
 from scrapy import Request
@@ -40,6 +41,8 @@ from webfarm.frontier import MAX_PUSH, Entry, Frontier
 from webfarm.queue import request_entry
 from webfarm.serialize import SerializationError
 from webfarm.sitemaps import MAX_URLS, SitemapError, SitemapReader, is_http_url, start_url
+
+PROGRESS_EVERY = 100_000  # URLs between two progress lines of a long seed
 
 
 class Command(ScrapyCommand):
@@ -90,14 +93,22 @@ class Command(ScrapyCommand):
         assert self.settings is not None
         spidercls = spider_class(self.settings, name)
         seeds = [_checked(u, "argument") for u in urls]
-        for path in opts.files:
-            seeds += read_url_file(path)
+        files = [UrlFile(path) for path in opts.files]  # checked now, read again below
+        try:
+            self._seed_checked(name, spidercls, seeds, files, opts)
+        finally:
+            for urls_file in files:
+                urls_file.close()
+
+    def _seed_checked(self, name: str, spidercls: type, seeds: list[str],
+                      files: list[UrlFile], opts: argparse.Namespace) -> None:
+        assert self.settings is not None
         for value in opts.sitemaps:
             try:
                 start_url(value)
             except SitemapError as exc:
                 raise CommandError(f"--sitemap: {exc}") from None
-        if not seeds and not opts.sitemaps:
+        if not seeds and not any(f.count for f in files) and not opts.sitemaps:
             raise CommandError("nothing to seed: give URLs, -f FILE or --sitemap URL")
         if abs(opts.priority) > 2**52:
             raise CommandError(f"--priority {opts.priority} is out of range")
@@ -105,6 +116,7 @@ class Command(ScrapyCommand):
         crawler = Crawler(spidercls, self.settings)
         frontier = open_spider_frontier(crawler.settings, name)
         sitemap_note = ""
+        mapped: list[str] = []
         if opts.sitemaps:
             reader = self._sitemap_reader(crawler, opts.max_urls)
             documents = skipped = 0
@@ -113,7 +125,7 @@ class Command(ScrapyCommand):
                     result = reader.read(value)
                 except SitemapError as exc:
                     raise CommandError(f"{exc} (nothing was enqueued)") from None
-                seeds += result.urls
+                mapped += result.urls
                 documents += len(result.sitemaps)
                 skipped += result.skipped
             sitemap_note = f", {documents} sitemap documents read"
@@ -122,8 +134,14 @@ class Command(ScrapyCommand):
         fingerprinter = build_from_crawler(
             load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler
         )
-        entries, repeated = make_entries(seeds, opts.priority, fingerprinter)
-        enqueued, seen, over = push(frontier, entries, force=opts.force)
+        total = len(seeds) + sum(f.count for f in files) + len(mapped)
+        repeats = [0]
+        batches = make_entries(itertools.chain(seeds, *files, mapped), opts.priority,
+                               fingerprinter, repeats)
+        progress = _progress(name, total) if total >= PROGRESS_EVERY else None
+        enqueued, seen, over = push(frontier, batches, force=opts.force, total=total,
+                                    progress=progress)
+        repeated = repeats[0]
         parts = [f"{enqueued} enqueued"]
         if opts.force:
             parts.append(f"{seen} of them seen before (--force)")
@@ -134,7 +152,7 @@ class Command(ScrapyCommand):
                          f"{frontier.host_budget})")
         if repeated:
             parts.append(f"{repeated} repeated in the input")
-        given = f"{len(seeds)} URL{'' if len(seeds) == 1 else 's'} given{sitemap_note}"
+        given = f"{total} URL{'' if total == 1 else 's'} given{sitemap_note}"
         print(f"seeded {name}: {', '.join(parts)} ({given})")
 
     def _sitemap_reader(self, crawler: Crawler, max_urls: int) -> SitemapReader:
@@ -154,6 +172,19 @@ class Command(ScrapyCommand):
         )
 
 
+def _progress(name: str, total: int) -> Callable[[int], None]:
+    """A line on stderr every :data:`PROGRESS_EVERY` URLs: a long list takes minutes."""
+    said = [0]
+
+    def say(done: int) -> None:
+        if done - said[0] >= PROGRESS_EVERY:
+            said[0] = done
+            print(f"seeding {name}: {done:,} of about {total:,} URLs sent", file=sys.stderr,
+                  flush=True)
+
+    return say
+
+
 def _checked(url: str, where: str) -> str:
     url = url.strip()
     if not is_http_url(url):
@@ -161,53 +192,103 @@ def _checked(url: str, where: str) -> str:
     return url
 
 
+class UrlFile:
+    """The URLs of a file, one per line (blank lines and ``#`` comments skipped), checked
+    in one pass when opened and read again, a line at a time, when iterated: a list of
+    ten million URLs is not held in memory. ``-`` (stdin) is copied to a temporary file
+    on the way, so that it can be read twice."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.count = 0
+        self._spool: IO[str] | None = None
+        try:
+            if path == "-":
+                # Kept open past this call: read again by __iter__, closed by close().
+                self._spool = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115
+                self._check(sys.stdin, self._spool)
+            else:
+                with open(path, encoding="utf-8") as lines:
+                    self._check(lines, None)
+        except OSError as exc:
+            raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise CommandError(f"cannot read {path}: not UTF-8 text (one URL per line)"
+                               ) from None
+
+    def _check(self, lines: Iterable[str], spool: IO[str] | None) -> None:
+        for number, line in enumerate(lines, 1):
+            text = line.strip()
+            if text and not text.startswith("#"):
+                _checked(text, f"{self.path}, line {number}")
+                self.count += 1
+                if spool is not None:
+                    spool.write(text + "\n")
+
+    def __iter__(self) -> Iterator[str]:
+        if self._spool is not None:
+            self._spool.seek(0)
+            lines: Iterable[str] = self._spool
+        else:
+            lines = open(self.path, encoding="utf-8")  # noqa: SIM115 - closed below
+        try:
+            for line in lines:
+                text = line.strip()
+                if text and not text.startswith("#"):
+                    yield text
+        finally:
+            if lines is not self._spool:
+                lines.close()  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+
+
 def read_url_file(path: str) -> list[str]:
     """URLs of a file, one per line; blank lines and ``#`` comments skipped."""
+    urls = UrlFile(path)
     try:
-        if path == "-":
-            lines: Iterable[str] = sys.stdin.read().splitlines()
-        else:
-            lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise CommandError(f"cannot read {path}: not UTF-8 text (one URL per line)") from None
-    out = []
-    for number, line in enumerate(lines, 1):
-        text = line.strip()
-        if text and not text.startswith("#"):
-            out.append(_checked(text, f"{path}, line {number}"))
-    return out
+        return list(urls)
+    finally:
+        urls.close()
 
 
-def make_entries(urls: Iterable[str], priority: int, fingerprinter: Any) -> tuple[list[Entry],
-                                                                                  int]:
-    """Frontier entries (callback: the spider's default), one per fingerprint; and how
-    many URLs were the same request as an earlier one (tracking variants, repeats)."""
-    entries: dict[bytes, Entry] = {}
-    repeated = 0
+def make_entries(urls: Iterable[str], priority: int, fingerprinter: Any,
+                 repeats: list[int]) -> Iterator[list[Entry]]:
+    """Frontier entries (callback: the spider's default) in batches of :data:`MAX_PUSH`,
+    one per fingerprint; ``repeats[0]`` counts the URLs that were the same request as an
+    earlier one (tracking variants, repeats). A set of 8-byte prefixes remembers the
+    requests, about 70 bytes a URL."""
+    met: set[int] = set()
+    batch: list[Entry] = []
     for url in urls:
         try:
             entry = request_entry(Request(url, priority=priority), None, fingerprinter)
         except (ValueError, SerializationError) as exc:
-            raise CommandError(
-                f"cannot queue {url[:200]!r}: {exc} (nothing was enqueued)"
-            ) from None
-        if entry.fingerprint in entries:
-            repeated += 1
-        else:
-            entries[entry.fingerprint] = entry
-    return list(entries.values()), repeated
+            raise CommandError(f"cannot queue {url[:200]!r}: {exc}") from None
+        key = int.from_bytes(entry.fingerprint[:8], "big")
+        if key in met:
+            repeats[0] += 1
+            continue
+        met.add(key)
+        batch.append(entry)
+        if len(batch) == MAX_PUSH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
-def push(frontier: Frontier, entries: list[Entry], *, force: bool) -> tuple[int, int, int]:
+def push(frontier: Frontier, batches: Iterable[list[Entry]], *, force: bool, total: int,
+         progress: Callable[[int], None] | None = None) -> tuple[int, int, int]:
     """Push through the dupefilter; ``(enqueued, seen before, over their host's budget)``.
     With ``force`` the seen ones are pushed again past the dupefilter (each still recorded
-    as seen once); never the ones over budget (``WEBFARM_HOST_BUDGET`` bounds seeds too)."""
-    enqueued = seen = over = 0
+    as seen once); never the ones over budget (``WEBFARM_HOST_BUDGET`` bounds seeds too).
+    ``progress`` is told how many entries went so far, after each batch."""
+    enqueued = seen = over = done = 0
     try:
-        for start in range(0, len(entries), MAX_PUSH):
-            batch = entries[start : start + MAX_PUSH]
+        for batch in batches:
             result = frontier.exchange("", push=batch, pop=0)
             old = [e._replace(dont_filter=True) for e, new, cut in zip(
                 batch, result.enqueued, result.over_budget, strict=True) if not new and not cut]
@@ -216,11 +297,19 @@ def push(frontier: Frontier, entries: list[Entry], *, force: bool) -> tuple[int,
             enqueued += sum(result.enqueued)
             if force and old:
                 enqueued += sum(frontier.push(old))
+            done += len(batch)
+            if progress is not None:
+                progress(done)
     except redis.RedisError as exc:
         if str(exc).startswith("WEBFARM "):  # the frontier refused (dupefilter mode)
             raise CommandError(str(exc)[8:], BAD_CONFIG) from None
         raise CommandError(
-            f"Redis failed after {enqueued} of {len(entries)} URLs were enqueued ({exc}); "
+            f"Redis failed after {enqueued} of {total} URLs were enqueued ({exc}); "
             "run the same seed again: what is already enqueued is skipped", BAD_CONFIG,
         ) from None
+    except CommandError as exc:
+        if not done:
+            raise CommandError(f"{exc} (nothing was enqueued)") from None
+        raise CommandError(f"{exc} ({enqueued} URLs before it were enqueued; run the same "
+                           "seed again once it is fixed: those are skipped)") from None
     return enqueued, seen, over
