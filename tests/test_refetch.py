@@ -315,6 +315,31 @@ def test_due_pages_most_overdue_first_and_queued_once(redis_url, mongo_uri, mong
                and r.callback is None for r in requests.values())
 
 
+def test_a_worker_s_round_enqueues_only_pages_its_offsite_filter_lets_through(
+        redis_url, mongo_uri, mongo_db_name):
+    """The pages of a generic crawl of another site, in the same spider's index, were
+    enqueued by every round; every worker handed them back as offsite until they were dead
+    letters, and the next round enqueued them again. ``scrapy recrawl`` (no spider) still
+    enqueues every due page."""
+    from spiders.generic import GenericSpider
+
+    db = pymongo.MongoClient(mongo_uri, tz_aware=True)[mongo_db_name]
+    now = dt.datetime.now(dt.timezone.utc)
+    urls = ["http://mine.test/a", "http://www.mine.test:8080/b", "http://other.test/c"]
+    for url in urls:
+        db.pages.insert_one({"_id": url_fingerprint(url), "url": url, "spider": "generic",
+                             "refetch_interval": 60.0, "next_fetch_at": now})
+    settings = Settings({"DUPEFILTER_CLASS": "webfarm.dupefilter.BloomDupeFilter",
+                         "SCHEDULER_QUEUE_CLASS": "webfarm.frontier.Frontier",
+                         "WEBFARM_HOST_DELAY": 0})
+    frontier = open_frontier(settings, "generic", redis.Redis.from_url(redis_url))
+    spider = GenericSpider(domains="mine.test")
+    worker = Recrawler(db.pages, frontier, "generic", RequestFingerprinter(), spider)
+    assert sorted(p.url for p in worker.run(now).due) == urls[:2]
+    command = Recrawler(db.pages, frontier, "generic", RequestFingerprinter())
+    assert [p.url for p in command.run(now).due] == urls[2:]
+
+
 def test_one_recrawler_at_a_time(redis_url):
     server = redis.Redis.from_url(redis_url)
     assert take_lock(server, "generic", 5, "worker-a")

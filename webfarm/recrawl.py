@@ -20,8 +20,10 @@ follow each other quickly do not stack copies of one request in the frontier.
 :class:`RecrawlExtension` runs rounds inside workers every ``WEBFARM_RECRAWL_INTERVAL``
 seconds. One worker at a time does it: the first to take the Redis lock
 ``webfarm:{SPIDER}:recrawl:lock`` (``SET NX PX``, expiring after 0.9 interval, never
-deleted) runs the round; the others skip. A worker with continuous recrawl does not stop
-when the frontier is empty (pages become due later), whatever ``WEBFARM_IDLE_TIMEOUT``.
+deleted) runs the round; the others skip. A worker's round enqueues only the pages on its
+spider's ``allowed_domains`` (``scrapy recrawl`` enqueues all). A worker with continuous
+recrawl does not stop when the frontier is empty (pages become due later), whatever
+``WEBFARM_IDLE_TIMEOUT``.
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from email.utils import format_datetime
 from secrets import token_hex
 from typing import Any
+from urllib.parse import urlsplit
 
 import pymongo
 import redis
@@ -106,11 +109,27 @@ def _still_queued(doc: Mapping[str, Any], wall: dt.datetime) -> bool:
     return (wall - queued).total_seconds() < wait
 
 
+def within_allowed_domains(spider: Spider | None) -> Callable[[str], bool] | None:
+    """Is a URL on the spider's ``allowed_domains`` or their subdomains, as Scrapy's offsite
+    filter judges (the bare host name); None when the spider allows every host."""
+    allowed = [d.lower() for d in getattr(spider, "allowed_domains", None) or () if d]
+    if not allowed:
+        return None
+
+    def within(url: str) -> bool:
+        name = urlsplit(url).hostname or ""
+        return any(name == d or name.endswith("." + d) for d in allowed)
+
+    return within
+
+
 def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = None,
-              wall: dt.datetime | None = None) -> tuple[list[DuePage], int]:
+              wall: dt.datetime | None = None, keep: Callable[[str], bool] | None = None,
+              ) -> tuple[list[DuePage], int]:
     """The spider's pages due at ``now``, most overdue first (at most ``limit``), and how
     many due pages were skipped because an earlier round enqueued them and they were not
-    fetched yet. ``wall`` is the real time (``now`` may be moved for tests and what-ifs)."""
+    fetched yet. ``wall`` is the real time (``now`` may be moved for tests and what-ifs);
+    ``keep``, if given, says which URLs to consider at all."""
     wall = wall or utcnow()
     cursor = pages.find({"spider": spider, "next_fetch_at": {"$lte": now}},
                         dict.fromkeys(_FIELDS, 1))
@@ -119,6 +138,8 @@ def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = Non
     def candidates() -> Iterator[DuePage]:
         nonlocal skipped
         for doc in cursor:
+            if keep is not None and not keep(doc["url"]):
+                continue
             if _still_queued(doc, wall):
                 skipped += 1
                 continue
@@ -178,11 +199,15 @@ class Recrawler:
         self.spider = spider
         self.fingerprinter = fingerprinter
         self.spider_obj = spider_obj
+        # A worker's round enqueues only what its spider's offsite filter lets through: a
+        # generic crawl of another site, in the same spider's index, would be handed back
+        # by every worker until it is dead-lettered, every round (middlewares/offsite.py).
+        self.keep = within_allowed_domains(spider_obj)
 
     def run(self, now: dt.datetime | None = None, limit: int | None = None,
             dry_run: bool = False) -> RoundResult:
         wall = utcnow()
-        due, skipped = due_pages(self.pages, self.spider, now or wall, limit, wall)
+        due, skipped = due_pages(self.pages, self.spider, now or wall, limit, wall, self.keep)
         if dry_run or not due:
             return RoundResult(due, 0, skipped, dry_run)
         entries: list[Entry] = []
