@@ -184,6 +184,24 @@ def test_a_long_url_list_is_streamed_with_progress_and_still_all_or_nothing(
     assert queued_urls(frontier_of(client), client) == sorted(urls)
 
 
+def test_seeds_outside_a_site_spider_s_hosts_are_said_at_once(redis_url, client, capsys):
+    """Its workers' offsite filter hands such URLs back until they are dead letters: said
+    when they are seeded, not minutes later in a worker's log. They are enqueued all the
+    same (a worker run with -a start= or -a domains= may take them)."""
+    command = seed_command()
+    command.settings.set("REDIS_URL", redis_url)
+    urls = ["http://127.0.0.2:8081/a", "http://www.127.0.0.3:8081/b", "http://127.0.0.3/c"]
+    command._seed("catalogue", urls, seed_opts())
+    out = capsys.readouterr()
+    assert out.out.startswith("seeded catalogue: 3 enqueued")
+    assert out.err.splitlines() == [
+        "seed catalogue: 2 of the URLs are outside the spider's hosts (127.0.0.2): a worker "
+        "hands them back until they are dead letters, unless workers run with "
+        "-a domains=HOST,... (or -a start=URL,...) that include them"]
+    command._seed("generic", urls, seed_opts())  # its hosts come from -a only: not judged
+    assert capsys.readouterr().err == ""
+
+
 def seed_command() -> seed.Command:
     command = seed.Command()
     command.settings = get_project_settings()

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from email.utils import format_datetime
 from secrets import token_hex
 from typing import Any
-from urllib.parse import urlsplit
 
 import pymongo
 import redis
@@ -53,6 +52,7 @@ from webfarm.frontier import Entry, Frontier, key_prefix
 from webfarm.queue import open_frontier, request_entry
 from webfarm.redisconn import redis_client
 from webfarm.serialize import SerializationError
+from webfarm.urls import within_domains
 
 logger = logging.getLogger(__name__)
 
@@ -110,17 +110,8 @@ def _still_queued(doc: Mapping[str, Any], wall: dt.datetime) -> bool:
 
 
 def within_allowed_domains(spider: Spider | None) -> Callable[[str], bool] | None:
-    """Is a URL on the spider's ``allowed_domains`` or their subdomains, as Scrapy's offsite
-    filter judges (the bare host name); None when the spider allows every host."""
-    allowed = [d.lower() for d in getattr(spider, "allowed_domains", None) or () if d]
-    if not allowed:
-        return None
-
-    def within(url: str) -> bool:
-        name = urlsplit(url).hostname or ""
-        return any(name == d or name.endswith("." + d) for d in allowed)
-
-    return within
+    """What the spider's offsite filter lets through (``allowed_domains``); None: all."""
+    return within_domains(getattr(spider, "allowed_domains", None) or ())
 
 
 def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = None,

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
@@ -252,6 +252,20 @@ def scope_host(value: str) -> str:
         raise ValueError(f"{value!r} is not a host; give host or host:port, such as "
                          "example.com or 127.0.0.1:8080")
     return f"{name}:{port}" if port is not None else name
+
+
+def within_domains(domains: Iterable[str]) -> Callable[[str], bool] | None:
+    """Is a URL's host one of ``domains`` (bare names) or a subdomain of one, as Scrapy's
+    offsite filter judges ``allowed_domains``; None when there are none (every host)."""
+    names = [d.lower() for d in domains if d]
+    if not names:
+        return None
+
+    def within(url: str) -> bool:
+        name = urlsplit(url).hostname or ""
+        return any(name == d or name.endswith("." + d) for d in names)
+
+    return within
 
 
 class RequestFingerprinter:

@@ -20,8 +20,10 @@ import asyncio
 import itertools
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, ClassVar
+from urllib.parse import urlsplit
 
 import redis
 from scrapy import Request
@@ -41,6 +43,7 @@ from webfarm.frontier import MAX_PUSH, Entry, Frontier
 from webfarm.queue import request_entry
 from webfarm.serialize import SerializationError
 from webfarm.sitemaps import MAX_URLS, SitemapError, SitemapReader, is_http_url, start_url
+from webfarm.urls import host_of, within_domains
 
 PROGRESS_EVERY = 100_000  # URLs between two progress lines of a long seed
 
@@ -135,13 +138,14 @@ class Command(ScrapyCommand):
             load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler
         )
         total = len(seeds) + sum(f.count for f in files) + len(mapped)
-        repeats = [0]
+        counts: Counter[str] = Counter()
+        hosts = spider_hosts(spidercls)
         batches = make_entries(itertools.chain(seeds, *files, mapped), opts.priority,
-                               fingerprinter, repeats)
+                               fingerprinter, counts, within_domains(hosts))
         progress = _progress(name, total) if total >= PROGRESS_EVERY else None
         enqueued, seen, over = push(frontier, batches, force=opts.force, total=total,
                                     progress=progress)
-        repeated = repeats[0]
+        repeated = counts["repeated"]
         parts = [f"{enqueued} enqueued"]
         if opts.force:
             parts.append(f"{seen} of them seen before (--force)")
@@ -154,6 +158,12 @@ class Command(ScrapyCommand):
             parts.append(f"{repeated} repeated in the input")
         given = f"{total} URL{'' if total == 1 else 's'} given{sitemap_note}"
         print(f"seeded {name}: {', '.join(parts)} ({given})")
+        if counts["outside"]:
+            print(f"seed {name}: {counts['outside']} of the URLs are outside the spider's "
+                  f"hosts ({', '.join(hosts)}): a worker hands them back until they are dead "
+                  f"letters, unless workers run with -a domains=HOST,... (or -a start=URL,...) "
+                  f"that include them",
+                  file=sys.stderr)
 
     def _sitemap_reader(self, crawler: Crawler, max_urls: int) -> SitemapReader:
         """Fetches are checked by the SSRF guard: a sitemap index or robots.txt names
@@ -170,6 +180,19 @@ class Command(ScrapyCommand):
             max_urls=max(1, max_urls),
             check_url=lambda url: asyncio.run(guard.check_url(url)),
         )
+
+
+def spider_hosts(spidercls: type) -> list[str]:
+    """The bare host names the spider class keeps to (its ``hosts``, ``allowed_domains`` or
+    start URLs), as its workers' offsite filter will; [] when its arguments decide."""
+    check = getattr(spidercls, "check_arguments", None)
+    if check is None:
+        return sorted({d.lower() for d in getattr(spidercls, "allowed_domains", None) or ()})
+    try:
+        hosts = check().get("domains") or [host_of(u) for u in spidercls.start_urls]
+    except ValueError:  # generic: its -a start or -a domains decide
+        return []
+    return sorted({urlsplit(f"//{h}").hostname or h for h in hosts})
 
 
 def _progress(name: str, total: int) -> Callable[[int], None]:
@@ -255,21 +278,25 @@ def read_url_file(path: str) -> list[str]:
 
 
 def make_entries(urls: Iterable[str], priority: int, fingerprinter: Any,
-                 repeats: list[int]) -> Iterator[list[Entry]]:
+                 counts: Counter[str], within: Callable[[str], bool] | None = None,
+                 ) -> Iterator[list[Entry]]:
     """Frontier entries (callback: the spider's default) in batches of :data:`MAX_PUSH`,
-    one per fingerprint; ``repeats[0]`` counts the URLs that were the same request as an
-    earlier one (tracking variants, repeats). A set of 8-byte prefixes remembers the
-    requests, about 70 bytes a URL."""
+    one per fingerprint; ``counts["repeated"]`` counts the URLs that were the same request
+    as an earlier one (tracking variants, repeats), ``counts["outside"]`` those ``within``
+    says no to (enqueued all the same). A set of 8-byte prefixes remembers the requests,
+    about 70 bytes a URL."""
     met: set[int] = set()
     batch: list[Entry] = []
     for url in urls:
+        if within is not None and not within(url):
+            counts["outside"] += 1
         try:
             entry = request_entry(Request(url, priority=priority), None, fingerprinter)
         except (ValueError, SerializationError) as exc:
             raise CommandError(f"cannot queue {url[:200]!r}: {exc}") from None
         key = int.from_bytes(entry.fingerprint[:8], "big")
         if key in met:
-            repeats[0] += 1
+            counts["repeated"] += 1
             continue
         met.add(key)
         batch.append(entry)
