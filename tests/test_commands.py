@@ -148,11 +148,11 @@ def test_seed_input_checks_in_process(tmp_path):
     with pytest.raises(CommandError, match="--sitemap: 'ftp://x/s.xml' is not an http"):
         seed_command()._seed("generic", [], seed_opts(sitemaps=["ftp://x/s.xml"]))
     with pytest.raises(CommandError, match="cannot read .*missing.txt: No such file"):
-        seed.read_url_file(str(tmp_path / "missing.txt"))
+        seed.UrlFile(str(tmp_path / "missing.txt"))
     binary = tmp_path / "binary.txt"
     binary.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(CommandError, match="not UTF-8 text"):
-        seed.read_url_file(str(binary))
+        seed.UrlFile(str(binary))
     with pytest.raises(CommandError, match="no spider named 'nosuchspider'"):
         spider_class(get_project_settings(), "nosuchspider")
 

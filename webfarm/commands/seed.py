@@ -268,15 +268,6 @@ class UrlFile:
             self._spool.close()
 
 
-def read_url_file(path: str) -> list[str]:
-    """URLs of a file, one per line; blank lines and ``#`` comments skipped."""
-    urls = UrlFile(path)
-    try:
-        return list(urls)
-    finally:
-        urls.close()
-
-
 def make_entries(urls: Iterable[str], priority: int, fingerprinter: Any,
                  counts: Counter[str], within: Callable[[str], bool] | None = None,
                  ) -> Iterator[list[Entry]]:
