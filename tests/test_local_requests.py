@@ -46,7 +46,7 @@ def club():
 def test_each_worker_logs_in_itself_and_the_password_never_reaches_redis(club, stores,
                                                                          tmp_path):
     base = club.base_urls[0]
-    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0.1", WEBFARM_IDLE_TIMEOUT="2")
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0.3", WEBFARM_IDLE_TIMEOUT="2")
     args = ["crawl", "test_members", "-a", f"start={base}/",
             "-s", "SPIDER_MODULES=spiders,tests.spiders"]
     written: list[bytes] = []  # every command Redis got while the workers ran (MONITOR)
