@@ -33,8 +33,8 @@ SCRIPT = "\n".join(
 )
 _BAD_HOST = re.compile(r"\s")
 MAX_PUSH = 1000  # entries per script call: keeps each call short for the other workers
-#: Payload bytes per script call: Redis drops a client whose command passes its
-#: client-query-buffer-limit (1 GiB by default), and a call holds the server while it runs.
+#: Payload bytes per script call: a call holds the server while it copies them in, and
+#: MAX_PUSH entries near WEBFARM_MAX_ENTRY_BYTES each would hold every worker for seconds.
 MAX_PUSH_BYTES = 32 << 20
 
 
