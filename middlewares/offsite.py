@@ -22,6 +22,7 @@ import logging
 
 from scrapy import Request, Spider
 from scrapy.downloadermiddlewares.offsite import OffsiteMiddleware
+from scrapy.statscollectors import StatsCollector
 from scrapy.utils.httpobj import urlparse_cached
 
 from webfarm.exceptions import RetryLater
@@ -32,6 +33,10 @@ logger = logging.getLogger(__name__)
 
 class FrontierOffsiteMiddleware(OffsiteMiddleware):
     """Drops offsite requests the spider yields; gives back those the frontier leased."""
+
+    def __init__(self, stats: StatsCollector) -> None:
+        super().__init__(stats)
+        self._said: set[str] = set()  # hosts whose give-back was logged
 
     def request_scheduled(self, request: Request, spider: Spider) -> None:
         # Yielded by this worker's spider (a redirect too): dropped before it is queued.
@@ -47,9 +52,11 @@ class FrontierOffsiteMiddleware(OffsiteMiddleware):
             return None
         host = urlparse_cached(request).hostname or ""
         hosts = ", ".join(getattr(own, "allowed_domains", None) or ()) or "none"
-        if host not in self.domains_seen:
+        if host not in self.domains_seen:  # Scrapy's count of hosts filtered
             self.domains_seen.add(host)
             self.stats.inc_value("offsite/domains")
+        if host not in self._said:  # a host already dropped at scheduling was not said
+            self._said.add(host)
             logger.warning(
                 "%s: host %r is outside this worker's hosts (%s); the frontier hands it to "
                 "another worker, and after WEBFARM_RETRY_TIMES tries keeps it as a dead "

@@ -6,6 +6,7 @@ generic`` sharing the spider's frontier, were gone without a trace."""
 from __future__ import annotations
 
 import pymongo
+import pytest
 
 from tests import crawlcheck, runner
 from tests.testweb import Response, TestWeb
@@ -49,3 +50,31 @@ def test_seeded_pages_outside_a_worker_s_hosts_wait_for_a_worker_that_takes_them
         assert fetched(web, other) == ["/page-0", "/page-1", "/page-2"]
     db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
     assert sorted(d["url"] for d in db.pages.find()) == sorted(pages[mine] + pages[other])
+
+
+def test_a_host_first_dropped_at_scheduling_is_still_said_when_a_leased_request_goes_back(
+        caplog):
+    """Scrapy's filter remembers the hosts it logged at DEBUG: a link the spider yielded to
+    a host kept the WARNING from being said for that host's frontier requests."""
+    from scrapy.exceptions import IgnoreRequest
+    from scrapy.http import Request
+    from scrapy.utils.test import get_crawler
+
+    from middlewares.offsite import FrontierOffsiteMiddleware
+    from spiders.generic import GenericSpider
+    from webfarm.exceptions import RetryLater
+    from webfarm.queue import LEASE
+
+    crawler = get_crawler(GenericSpider)
+    crawler.spider = GenericSpider(domains="mine.test")
+    offsite = FrontierOffsiteMiddleware.from_crawler(crawler)
+    offsite.spider_opened(crawler.spider)
+    with pytest.raises(IgnoreRequest) as dropped:  # yielded by the spider: Scrapy's drop
+        offsite.request_scheduled(Request("http://other.test/a"), crawler.spider)
+    assert not isinstance(dropped.value, RetryLater)
+    leased = Request("http://other.test/b", meta={LEASE: "1"})
+    with caplog.at_level("WARNING", logger="middlewares.offsite"), \
+            pytest.raises(RetryLater, match="offsite: other.test is outside"):
+        offsite.process_request(leased)
+    assert [r.message.count("'other.test' is outside") for r in caplog.records] == [1]
+    assert offsite.process_request(Request("http://www.mine.test/c", meta={LEASE: "2"})) is None
