@@ -22,6 +22,7 @@ import logging
 
 from scrapy import Request, Spider
 from scrapy.downloadermiddlewares.offsite import OffsiteMiddleware
+from scrapy.exceptions import IgnoreRequest
 from scrapy.statscollectors import StatsCollector
 from scrapy.utils.httpobj import urlparse_cached
 
@@ -45,23 +46,20 @@ class FrontierOffsiteMiddleware(OffsiteMiddleware):
     def process_request(self, request: Request, spider: Spider | None = None) -> None:
         if LEASE not in request.meta:
             return super().process_request(request)
+        try:  # Scrapy's check, its DEBUG line and its offsite/* stats
+            return super().process_request(request)
+        except IgnoreRequest:
+            pass
         own = self.crawler.spider
         assert own is not None
-        if request.dont_filter or request.meta.get("allow_offsite") or \
-                self.should_follow(request, own):
-            return None
         host = urlparse_cached(request).hostname or ""
         hosts = ", ".join(getattr(own, "allowed_domains", None) or ()) or "none"
-        if host not in self.domains_seen:  # Scrapy's count of hosts filtered
-            self.domains_seen.add(host)
-            self.stats.inc_value("offsite/domains")
-        if host not in self._said:  # a host already dropped at scheduling was not said
+        if host not in self._said:  # Scrapy's domains_seen holds hosts it dropped unsaid
             self._said.add(host)
             logger.warning(
                 "%s: host %r is outside this worker's hosts (%s); the frontier hands it to "
                 "another worker, and after WEBFARM_RETRY_TIMES tries keeps it as a dead "
                 "letter: `scrapy dlq %s --requeue --reason offsite` once a worker whose "
                 "hosts include it runs (said once per host)", request, host, hosts, own.name)
-        self.stats.inc_value("offsite/filtered")
         raise RetryLater(f"offsite: {host} is outside the hosts of the worker that took it "
                          f"({hosts})")
