@@ -93,7 +93,7 @@ class LeaseEnds:
             self._retry(lease, request, exc.reason, exc.delay, exc.status, exc.error,
                         retry_reason(exc))
         elif isinstance(exc, IgnoreRequest):
-            self.link.acks.append(lease)  # robots.txt, offsite...: a normal end
+            self.link.acks.append(lease)  # robots.txt disallows it...: a normal end
             self._inc("webfarm/frontier/acked")
         elif exc is not None:
             error = f"{type(exc).__name__}: {exc}"
@@ -145,7 +145,8 @@ class LeaseEnds:
 
     def _retried(self, result: Any, request: Request) -> bool:
         """Whether :meth:`finished` retries this lease for ``result``: a ``RetryLater``, or
-        an error that is no ``IgnoreRequest`` (robots.txt, offsite: a normal end)."""
+        an error that is no ``IgnoreRequest`` (robots.txt's disallow: a normal end;
+        offsite gives a leased request back as ``RetryLater``)."""
         if not isinstance(result, Failure) or request.meta.get(LEASE) not in self.inflight:
             return False
         return isinstance(result.value, RetryLater) or not isinstance(result.value,

@@ -109,11 +109,6 @@ def _still_queued(doc: Mapping[str, Any], wall: dt.datetime) -> bool:
     return (wall - queued).total_seconds() < wait
 
 
-def within_allowed_domains(spider: Spider | None) -> Callable[[str], bool] | None:
-    """What the spider's offsite filter lets through (``allowed_domains``); None: all."""
-    return within_domains(getattr(spider, "allowed_domains", None) or ())
-
-
 def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = None,
               wall: dt.datetime | None = None, keep: Callable[[str], bool] | None = None,
               ) -> tuple[list[DuePage], int]:
@@ -193,7 +188,7 @@ class Recrawler:
         # A worker's round enqueues only what its spider's offsite filter lets through: a
         # generic crawl of another site, in the same spider's index, would be handed back
         # by every worker until it is dead-lettered, every round (middlewares/offsite.py).
-        self.keep = within_allowed_domains(spider_obj)
+        self.keep = within_domains(getattr(spider_obj, "allowed_domains", None) or ())
 
     def run(self, now: dt.datetime | None = None, limit: int | None = None,
             dry_run: bool = False) -> RoundResult:
