@@ -13,7 +13,9 @@ Here such a request ends in :class:`~webfarm.exceptions.RetryLater`. The frontie
 it out again with backoff, so a worker whose hosts include it fetches it. After
 ``WEBFARM_RETRY_TIMES`` tries it is dead-lettered with the reason ``offsite: ...``, where
 ``scrapy dlq SPIDER --requeue --reason offsite`` finds it. Said once per host, at WARNING;
-Scrapy's ``offsite/filtered`` and ``offsite/domains`` stats count as before.
+Scrapy's ``offsite/filtered`` and ``offsite/domains`` stats count as before. Both
+remember the last ``WEBFARM_HOST_MEMORY`` hosts they logged, not every one
+(:mod:`webfarm.hostmemory`).
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from __future__ import annotations
 import logging
 
 from scrapy import Request, Spider
+from scrapy.crawler import Crawler
 from scrapy.downloadermiddlewares.offsite import OffsiteMiddleware
 from scrapy.exceptions import IgnoreRequest
 from scrapy.statscollectors import StatsCollector
 from scrapy.utils.httpobj import urlparse_cached
 
 from webfarm.exceptions import RetryLater
+from webfarm.hostmemory import DEFAULT_SIZE, HostMemory, host_memory_size
 from webfarm.queue import LEASE
 
 logger = logging.getLogger(__name__)
@@ -37,7 +41,19 @@ class FrontierOffsiteMiddleware(OffsiteMiddleware):
 
     def __init__(self, stats: StatsCollector) -> None:
         super().__init__(stats)
-        self._said: set[str] = set()  # hosts whose give-back was logged
+        self._remember(DEFAULT_SIZE)
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> FrontierOffsiteMiddleware:
+        o = super().from_crawler(crawler)
+        o._remember(host_memory_size(crawler.settings))
+        return o
+
+    def _remember(self, hosts: int) -> None:
+        # Scrapy's set of the hosts it logged grew by every offsite host that a crawl's
+        # links named; both sets keep the hosts met last (a forgotten one is said again).
+        self.domains_seen = HostMemory[None](hosts)  # type: ignore[assignment]
+        self._said: HostMemory[None] = HostMemory(hosts)  # hosts whose give-back was logged
 
     def request_scheduled(self, request: Request, spider: Spider) -> None:
         # Yielded by this worker's spider (a redirect too): dropped before it is queued.

@@ -51,6 +51,7 @@ from twisted.internet import error as txerror
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 
 from webfarm.exceptions import RetryLater
+from webfarm.hostmemory import host_memory_size
 from webfarm.proxies import ProxyPool
 from webfarm.proxyconfig import proxies_from_settings
 from webfarm.redisconn import close_client, crawl_redis_client
@@ -134,6 +135,7 @@ class ProxyMiddleware:
             ttl=settings.getfloat("WEBFARM_PROXY_STATE_TTL", 86400.0),
             host_window=settings.getfloat("WEBFARM_PROXY_HOST_WINDOW", 600.0),
             sticky=settings.getbool("WEBFARM_PROXY_STICKY", False),
+            host_memory=host_memory_size(settings),
         )
         mw = cls(crawler, pool)
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)

@@ -87,6 +87,9 @@ WEBFARM_HOST_BUDGET = 0
 # Fingerprints a worker remembers sending to the frontier (a repeat is dropped locally, not
 # serialised and sent to Redis to be found a duplicate there); 0 = off.
 WEBFARM_RECENT_FINGERPRINTS = 100_000
+# Hosts whose re-learnable state (the latency rule's delay, proxy stickiness, "said once"
+# lines) a worker keeps, the most recently used: a broad crawl meets hosts without end.
+WEBFARM_HOST_MEMORY = 10_000
 # Bytes of one queued request's JSON (URL, headers, body, meta, cb_kwargs): Redis keeps every
 # queued request in memory, so a spider passing page bodies along is refused; 0 = no limit.
 WEBFARM_MAX_ENTRY_BYTES = 1 << 20

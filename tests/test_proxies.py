@@ -179,7 +179,7 @@ def test_requests_of_a_new_host_picked_together_share_its_sticky_proxy(valkey_se
         finally:
             run(close_client(client))
     assert len(picks) == 1
-    stored = redis.Redis.from_url(redis_url).hget("webfarm:proxies:sticky", "new.test")
+    stored = redis.Redis.from_url(redis_url).get("webfarm:proxies:sticky:new.test")
     assert stored.decode() in picks
 
 

@@ -22,6 +22,7 @@ import redis
 from scrapy.statscollectors import StatsCollector
 
 from webfarm.frontier import AsyncFrontier, Entry, Exchange, Frontier
+from webfarm.hostmemory import DEFAULT_SIZE, HostMemory
 from webfarm.redisconn import REDIS_ERRORS
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class FrontierLink:
         leases_held: Callable[[], int] = lambda: 0,
         on_idle_answer: Callable[[], None] = lambda: None,
         on_lost_writes: Callable[[], None] = lambda: None,
+        host_memory: int = DEFAULT_SIZE,
     ) -> None:
         self.frontier = frontier
         self.worker = worker
@@ -75,7 +77,8 @@ class FrontierLink:
         self.in_flight: asyncio.Future[None] | None = None
         self.down_since: float | None = None
         self._retry_at = 0.0
-        self._budget_said: set[str] = set()  # hosts whose used budget was logged
+        # hosts whose used budget was logged (the last ``host_memory`` of them)
+        self._budget_said: HostMemory[None] = HostMemory(host_memory)
         self._failures = 0
 
     def waiting(self) -> bool:

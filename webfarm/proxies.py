@@ -18,7 +18,10 @@ reactor runs on while Redis answers, as it does for the frontier's exchange.
 A ban answered by the site (not the proxy) must not burn the pool:
 ``webfarm:proxies:hosts:<host>`` remembers, per host, when each proxy last
 fetched it fine; the middleware counts a ban against a proxy only when another
-proxy fetched the same host fine recently.
+proxy fetched the same host fine recently. With ``WEBFARM_PROXY_STICKY``,
+``webfarm:proxies:sticky:<host>`` names the host's proxy. Both expire when
+unused, and a worker keeps its own copies for the ``WEBFARM_HOST_MEMORY`` hosts used
+last, so a broad crawl's hosts do not pile up in Redis or in the worker.
 """
 
 from __future__ import annotations
@@ -28,13 +31,13 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from webfarm.hostmemory import DEFAULT_SIZE, HostMemory
 from webfarm.proxyconfig import Proxy
 from webfarm.redisconn import REDIS_FAILURES, AnyRedis, answer
 
 logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "webfarm:proxies:"
-STICKY_KEY = KEY_PREFIX + "sticky"
 
 
 # --- shared health ------------------------------------------------------------------------
@@ -118,7 +121,7 @@ class ProxyPool:
         self, proxies: Sequence[Proxy], client: AnyRedis, *, base: float = 30.0,
         cap: float = 3600.0, max_failures: int = 5, refresh: float = 1.0,
         ttl: float = 86400.0, host_window: float = 600.0, sticky: bool = False,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time, host_memory: int = DEFAULT_SIZE,
     ) -> None:
         if not proxies:
             raise ValueError("ProxyPool needs at least one proxy")
@@ -133,10 +136,12 @@ class ProxyPool:
         self._refreshed_at = float("-inf")
         self._last_used: dict[str, float] = dict.fromkeys(self.order, 0.0)
         self._use_seq = 0
-        self._sticky: dict[str, str] = {}
+        # Per host, for the hosts used last (Redis holds the shared copies):
+        self._sticky: HostMemory[str] = HostMemory(host_memory)
         # host -> proxy id -> epoch of the last success we know of (ours or, read lazily, others')
-        self._host_ok: dict[str, dict[str, float]] = {}
-        self._host_ok_written: dict[tuple[str, str], float] = {}
+        self._host_ok: HostMemory[dict[str, float]] = HostMemory(host_memory)
+        # host -> proxy id -> epoch of the last success written to Redis
+        self._host_ok_written: HostMemory[dict[str, float]] = HostMemory(host_memory)
         self._failure_script = client.register_script(_FAILURE_LUA)
         self._success_script = client.register_script(_SUCCESS_LUA)
 
@@ -147,6 +152,13 @@ class ProxyPool:
     @staticmethod
     def host_key(host: str) -> str:
         return f"{KEY_PREFIX}hosts:{host}"
+
+    @staticmethod
+    def sticky_key(host: str) -> str:
+        """A host's sticky proxy: a key per host, expiring ``ttl`` seconds after its last
+        choice (one hash of every host was kept alive by any write, and grew with the
+        crawl)."""
+        return f"{KEY_PREFIX}sticky:{host}"
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -219,7 +231,7 @@ class ProxyPool:
         if retrying:
             return None
         try:
-            shared = await answer(self.redis.hget(STICKY_KEY, host))
+            shared = await answer(self.redis.get(self.sticky_key(host)))
         except REDIS_FAILURES:
             shared = None
         current = self._sticky.get(host)
@@ -234,10 +246,7 @@ class ProxyPool:
     async def _set_sticky(self, host: str, pid: str) -> None:
         self._sticky[host] = pid
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.hset(STICKY_KEY, host, pid)
-            pipe.expire(STICKY_KEY, self.ttl)
-            await answer(pipe.execute())
+            await answer(self.redis.set(self.sticky_key(host), pid, ex=self.ttl))
         except REDIS_FAILURES as exc:
             logger.warning("proxy sticky map: Redis write failed: %s", exc)
 
@@ -246,12 +255,14 @@ class ProxyPool:
     async def record_success(self, pid: str, host: str, sent_at: float) -> None:
         """The proxy fetched ``host`` fine. Costs a Redis write only when news."""
         now = self.clock()
-        self._host_ok.setdefault(host, {})[pid] = now
-        key = (host, pid)
-        written = self._host_ok_written.get(key, 0.0)
+        local = self._host_ok.get(host) or {}
+        local[pid] = now
+        self._host_ok[host] = local
+        written = self._host_ok_written.get(host) or {}
+        self._host_ok_written[host] = written
         try:
-            if now - written > min(30.0, self.host_window / 4):
-                self._host_ok_written[key] = now
+            if now - written.get(pid, 0.0) > min(30.0, self.host_window / 4):
+                written[pid] = now
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.hset(self.host_key(host), pid, f"{now:.3f}")
                 pipe.expire(self.host_key(host), int(max(self.host_window, 1)))
@@ -267,7 +278,7 @@ class ProxyPool:
     async def host_ok_elsewhere(self, host: str, pid: str) -> bool:
         """Did another proxy fetch ``host`` fine within ``host_window`` seconds?"""
         since = self.clock() - self.host_window
-        local = self._host_ok.get(host, {})
+        local = self._host_ok.get(host) or {}
         if any(other != pid and ts >= since for other, ts in local.items()):
             return True
         try:

@@ -64,6 +64,7 @@ from webfarm.config import whole_number
 from webfarm.dupefilter import RecentFingerprints
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped
 from webfarm.frontierlink import FrontierLink
+from webfarm.hostmemory import HostMemory, host_memory_size
 from webfarm.leaseends import LeaseEnds
 from webfarm.outcomes import hook_downloader_output
 from webfarm.queue import (
@@ -111,7 +112,11 @@ class Scheduler(BaseScheduler):
         self.ends = LeaseEnds(settings, self._inflight, self._inc)  # acks, retries, dead
         self._popped: deque[Popped] = deque()  # leased in the last exchange, not handed out
         self._local: deque[Request] = deque()  # meta[LOCAL]: this worker's own, not queued
+        # Host delays by source, to send the frontier the largest. Sources that say a
+        # host's delay once (robots.txt, DOWNLOAD_SLOTS) are kept; the latency rule's, sent
+        # again after a host's responses, only for the hosts used last (a broad crawl).
         self._delays: dict[str, dict[str, float]] = {}
+        self._learned: HostMemory[float] = HostMemory(host_memory_size(settings))
         self._next_poll = 0.0
         self._wake_call: Any = None
         self._empty_since: float | None = None
@@ -157,7 +162,8 @@ class Scheduler(BaseScheduler):
                                  on_exchange=self._exchanged,
                                  leases_held=lambda: len(self._inflight),
                                  on_idle_answer=self._wake,
-                                 on_lost_writes=self._frontier_lost_writes)
+                                 on_lost_writes=self._frontier_lost_writes,
+                                 host_memory=self._learned.size)
         self.ends.open(self.link, self.frontier)
         self._loop = LoopingCall(self.link.tick)
         self._loop.start(self.flush_interval, now=False)
@@ -306,10 +312,13 @@ class Scheduler(BaseScheduler):
 
     def host_delay(self, host: str, delay: float, source: str = "", **kwargs: Any) -> None:
         """Keep each source's delay per host; the frontier gets the largest."""
-        sources = self._delays.setdefault(host, {})
-        before = max(sources.values(), default=None)
-        sources[source] = float(delay)
-        after = max(sources.values())
+        before = self._delay_of(host)
+        if source == wf_signals.LEARNED:
+            self._learned[host] = float(delay)
+        else:
+            self._delays.setdefault(host, {})[source] = float(delay)
+        after = self._delay_of(host)
+        assert after is not None
         if before is None or (abs(after - before) > 0.05 * max(before, 0.01)
                               and _ms(after) != _ms(before)):
             # The frontier counts delays in whole milliseconds: a change it would not see
@@ -325,8 +334,19 @@ class Scheduler(BaseScheduler):
         and would be dropped here when a page that found them is fetched again) and send
         every host delay this worker knows again (robots.txt's Crawl-delay included)."""
         self._recent.clear()
-        for host, sources in self._delays.items():  # sent with the next exchange or tick
-            self.link.delays[host] = max(sources.values())
+        for host in {*self._delays, *self._learned}:  # sent with the next exchange or tick
+            delay = self._delay_of(host)
+            if delay is not None:
+                self.link.delays[host] = delay
+
+    def _delay_of(self, host: str) -> float | None:
+        """The largest delay any source gave ``host``, as far as this worker remembers."""
+        kept = self._delays.get(host)
+        delay = max(kept.values()) if kept else None
+        learned = self._learned.get(host)
+        if learned is not None and (delay is None or learned > delay):
+            delay = learned
+        return delay
 
     def _slot_delay(self, host: str) -> None:
         delay = self._slots.first_seen(host)

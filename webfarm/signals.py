@@ -8,7 +8,10 @@ it into the host's delay in Redis, which gates every worker. Send with
 
 # host: str ("host[:port]" as webfarm.urls.host_of), delay: float seconds, source: str
 # ("robots", "autothrottle", ...). Sets the host's minimum delay between two requests.
+# The scheduler keeps each source's delay and sends the frontier the largest; that of
+# LEARNED, sent again after a host's responses, only for the hosts used last.
 host_delay = object()
+LEARNED = "autothrottle"  # the latency rule's source (webfarm.throttle)
 
 # host: str, seconds: float, source: str ("retry-after", ...). No request to the host for
 # at least ``seconds`` from now (does not change its delay afterwards).

@@ -13,6 +13,10 @@ rule: :class:`WorkerAutoThrottle` (in Scrapy's place) then leaves it to the shar
 one, and says so, instead of adding a per-worker copy that starts each host at
 ``AUTOTHROTTLE_START_DELAY`` (5 s) on every worker (measured: a 1.8 s crawl of 70
 pages took 12 s).
+
+A host's delay here is kept for the ``WEBFARM_HOST_MEMORY`` hosts that answered last
+(:mod:`webfarm.hostmemory`); a host met again after that starts from the base delay, as
+on a new worker, and the frontier keeps what every worker learned meanwhile.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from scrapy.extensions.throttle import AutoThrottle
 from scrapy.http import Response
 
 from webfarm import signals as wf_signals
+from webfarm.hostmemory import HostMemory, host_memory_size
 from webfarm.queue import host_delay
 from webfarm.urls import host_of
 
@@ -43,8 +48,10 @@ class HostThrottle:
         self.target = settings.getfloat("AUTOTHROTTLE_TARGET_CONCURRENCY", 1.0)
         if self.target <= 0:
             raise NotConfigured("AUTOTHROTTLE_TARGET_CONCURRENCY must be > 0")
-        self.delays: dict[str, float] = {}
+        self.delays: HostMemory[float] = HostMemory(host_memory_size(settings))
+        self.max_seen = 0.0  # the largest delay the rule gave a host: the stat
         crawler.signals.connect(self.response_received, signal=signals.response_received)
+        crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> HostThrottle:
@@ -67,11 +74,17 @@ class HostThrottle:
         self.delays[host] = new
         if first or abs(new - old) > 0.05 * old:
             self.crawler.signals.send_catch_log(
-                wf_signals.host_delay, host=host, delay=new, source="autothrottle"
+                wf_signals.host_delay, host=host, delay=new, source=wf_signals.LEARNED
             )
-        if self.crawler.stats is not None:
-            self.crawler.stats.set_value("webfarm/throttle/max_delay",
-                                         max(self.delays.values()))
+        if new > self.max_seen and self.crawler.stats is not None:
+            # A high-water mark: the largest delay held now would read every host's.
+            self.max_seen = new
+            self.crawler.stats.set_value("webfarm/throttle/max_delay", new)
+
+    def spider_closed(self, spider: Spider) -> None:
+        if self.delays.forgotten and self.crawler.stats is not None:
+            self.crawler.stats.set_value("webfarm/throttle/hosts_forgotten",
+                                         self.delays.forgotten)
 
 
 class WorkerAutoThrottle(AutoThrottle):
