@@ -141,3 +141,18 @@ def test_a_proxy_pool_keeps_the_hosts_used_last_and_still_knows_the_rest_from_re
     assert client.get("webfarm:proxies:sticky:h0.test").decode() == chosen[0]
     assert 0 < client.ttl("webfarm:proxies:sticky:h29.test") <= 86400
     assert not client.exists("webfarm:proxies:sticky")
+
+
+def test_download_slots_look_up_a_host_once_among_the_hosts_met_last():
+    from scrapy.settings import Settings
+
+    from webfarm.queue import SlotDelays
+
+    slots = SlotDelays(Settings({"DOWNLOAD_SLOTS": {"slow.test": {"delay": 2.0}},
+                                 "WEBFARM_HOST_MEMORY": 3}))
+    assert slots.first_seen("slow.test:8080") == 2.0  # a slot is named by the bare host
+    assert slots.first_seen("slow.test:8080") is None  # said once
+    assert [slots.first_seen(f"h{i}.test") for i in range(5)] == [None] * 5
+    assert len(slots._seen) == 3
+    # Forgotten, then met again: its floor is given again (the scheduler holds it already).
+    assert slots.first_seen("slow.test:8080") == 2.0
