@@ -112,8 +112,12 @@ def test_bad_blob_compression_fails_before_any_request(good, web):
                             "settings give: True)"),
     ("CLOSESPIDER_PAGECOUNT=ten", "CLOSESPIDER_PAGECOUNT='ten' is not a number (Scrapy's "
                                   "default: 0)"),
-    ("WEBFARM_HOST_BUDGET=-5", "WEBFARM_HOST_BUDGET='-5' is below 0; give a limit, or 0 for "
-                               "none"),
+    ("WEBFARM_HOST_BUDGET=-5", "WEBFARM_HOST_BUDGET='-5' is below 0; give a number, or 0 for "
+                               "no limit"),
+    # Before: "RuntimeError: Engine slot not assigned", and a traceback from the throttle.
+    ("WEBFARM_MAX_ENTRY_BYTES=-1", "WEBFARM_MAX_ENTRY_BYTES='-1' is below 0; give a number, or "
+                                   "0 for no limit"),
+    ("WEBFARM_HOST_MEMORY=-1", "WEBFARM_HOST_MEMORY='-1' is below 0"),
 ])
 def test_a_setting_of_the_wrong_type_fails_before_any_request(good, web, setting, message):
     """Before: a traceback once the component read it ("Task exception was never

@@ -77,8 +77,8 @@ def test_a_crawl_takes_the_environment_and_the_command_line_wins(web, stores):
     ("WEBFARM_DOWNLOAD_TIMEOUT", "soon", "is not a number for DOWNLOAD_TIMEOUT"),
     ("WEBFARM_ITEM_PIPELINES", "pipelines.mine.Clean", "is not JSON (an object) for "
                                                        "ITEM_PIPELINES"),
-    ("WEBFARM_HOST_BUDGET", "-1", "WEBFARM_HOST_BUDGET=-1 is below 0; give a limit, or 0 for "
-                                  "none, in the environment variable WEBFARM_HOST_BUDGET"),
+    ("WEBFARM_HOST_BUDGET", "-1", "WEBFARM_HOST_BUDGET=-1 is below 0; give a number, or 0 for "
+                                  "no limit, in the environment variable WEBFARM_HOST_BUDGET"),
 ])
 def test_a_variable_that_does_not_read_stops_the_crawl_with_its_name(web, stores, variable,
                                                                       value, message):

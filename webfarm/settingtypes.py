@@ -22,8 +22,18 @@ from scrapy.utils.project import ENVVAR
 
 #: What a setting must read as, by the type of its default.
 BOOLEAN, WHOLE, NUMBER = "a boolean (True/False or 1/0)", "a whole number", "a number"
-#: Limits where 0 means none and below 0 means nothing: refused rather than guessed at.
-NOT_NEGATIVE = ("WEBFARM_HOST_BUDGET",)
+#: Counts where below 0 means nothing, with what 0 means: refused rather than guessed at
+#: (read at start by :func:`webfarm.config.whole_number` or the frontier, a negative one
+#: ended ``scrapy crawl`` in a traceback, or in "Engine slot not assigned").
+NOT_NEGATIVE = {
+    "WEBFARM_HOST_BUDGET": "no limit",
+    "WEBFARM_HOST_MEMORY": "no limit",
+    "WEBFARM_MAX_ENTRY_BYTES": "no limit",
+    "WEBFARM_MAX_HEADER_BYTES": "no limit",
+    "WEBFARM_MAX_LINKS_PER_PAGE": "no limit",
+    "WEBFARM_RECENT_BLOBS": "none remembered",
+    "WEBFARM_RECENT_FINGERPRINTS": "none remembered",
+}
 
 
 def check_types(settings: BaseSettings) -> None:
@@ -37,10 +47,10 @@ def check_types(settings: BaseSettings) -> None:
         if not _reads_as(settings, name, kind):
             raise ValueError(f"{name}={value!r} is not {kind} ({source}: {default!r}); fix "
                              f"{_where_set(settings, name)}")
-    for name in NOT_NEGATIVE:
+    for name, zero in NOT_NEGATIVE.items():
         if name in settings and settings.getint(name) < 0:
-            raise ValueError(f"{name}={settings[name]!r} is below 0; give a limit, or 0 for "
-                             f"none, in {_where_set(settings, name)}")
+            raise ValueError(f"{name}={settings[name]!r} is below 0; give a number, or 0 for "
+                             f"{zero}, in {_where_set(settings, name)}")
     check_slots(settings)
 
 
