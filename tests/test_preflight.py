@@ -118,6 +118,15 @@ def test_bad_blob_compression_fails_before_any_request(good, web):
     ("WEBFARM_MAX_ENTRY_BYTES=-1", "WEBFARM_MAX_ENTRY_BYTES='-1' is below 0; give a number, or "
                                    "0 for no limit"),
     ("WEBFARM_HOST_MEMORY=-1", "WEBFARM_HOST_MEMORY='-1' is below 0"),
+    # Before: a traceback ("max_workers must be greater than 0"), pages fetched twice (a
+    # lease that expired at once) and a worker that never ended (Scrapy's own timeout).
+    ("WEBFARM_STORAGE_THREADS=0", "WEBFARM_STORAGE_THREADS='0' is out of range: give a "
+                                  "number 1 or more"),
+    ("WEBFARM_BLOOM_ERROR_RATE=1.5", "WEBFARM_BLOOM_ERROR_RATE='1.5' is out of range: give a "
+                                     "number above 0 and below 1"),
+    ("WEBFARM_LEASE_SECONDS=-1", "WEBFARM_LEASE_SECONDS='-1' is out of range: give a number "
+                                 "above 0 (seconds)"),
+    ("DOWNLOAD_TIMEOUT=-1", "DOWNLOAD_TIMEOUT='-1' is out of range: give a number above 0"),
 ])
 def test_a_setting_of_the_wrong_type_fails_before_any_request(good, web, setting, message):
     """Before: a traceback once the component read it ("Task exception was never

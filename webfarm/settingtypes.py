@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -35,6 +35,24 @@ NOT_NEGATIVE = {
     "WEBFARM_RECENT_FINGERPRINTS": "none remembered",
 }
 
+#: Numbers a component needs within bounds, with the bounds in words. Out of them, the
+#: component raised as the crawl started and it ended in a traceback ("bloom_capacity must
+#: be >= 1", "max_workers must be greater than 0"), a negative lease expired at once and
+#: pages were fetched twice, and a negative DOWNLOAD_TIMEOUT or SCRAPER_SLOT_MAX_ACTIVE_SIZE
+#: (Scrapy's) hung the worker.
+BOUNDS: dict[str, tuple[str, Callable[[float], bool]]] = {
+    "WEBFARM_BLOOM_CAPACITY": ("1 or more", lambda v: v >= 1),
+    "WEBFARM_BLOOM_ERROR_RATE": ("above 0 and below 1", lambda v: 0 < v < 1),
+    "WEBFARM_STORAGE_THREADS": ("1 or more", lambda v: v >= 1),
+    "WEBFARM_METRICS_BUCKET": ("1 or more (seconds)", lambda v: v >= 1),
+    "WEBFARM_REFETCH_MEMORY": ("1 or more", lambda v: v >= 1),
+    "WEBFARM_FLUSH_INTERVAL": ("above 0 (seconds)", lambda v: v > 0),
+    "WEBFARM_LEASE_SECONDS": ("above 0 (seconds)", lambda v: v > 0),
+    "AUTOTHROTTLE_MAX_DELAY": ("0 or more (seconds)", lambda v: v >= 0),
+    "DOWNLOAD_TIMEOUT": ("above 0 (seconds)", lambda v: v > 0),
+    "SCRAPER_SLOT_MAX_ACTIVE_SIZE": ("1 or more (bytes)", lambda v: v >= 1),
+}
+
 
 def check_types(settings: BaseSettings) -> None:
     """ValueError naming the first setting whose value does not read as its default's
@@ -51,6 +69,10 @@ def check_types(settings: BaseSettings) -> None:
         if name in settings and settings.getint(name) < 0:
             raise ValueError(f"{name}={settings[name]!r} is below 0; give a number, or 0 for "
                              f"{zero}, in {_where_set(settings, name)}")
+    for name, (wanted, fits) in BOUNDS.items():
+        if name in settings and not fits(settings.getfloat(name)):
+            raise ValueError(f"{name}={settings[name]!r} is out of range: give a number "
+                             f"{wanted}, in {_where_set(settings, name)}")
     check_slots(settings)
 
 
