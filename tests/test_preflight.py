@@ -141,6 +141,21 @@ def test_a_setting_of_the_wrong_type_fails_before_any_request(good, web, setting
     assert web.hits == []
 
 
+@pytest.mark.parametrize("setting, message", [
+    ('WEBFARM_REFETCH_RULES=[{"pattern": "("}]', "WEBFARM_REFETCH_RULES[0]: bad regex '('"),
+    ("WEBFARM_REFETCH_MAX=soon", "WEBFARM_REFETCH_MAX='soon' is not a duration"),
+])
+def test_a_malformed_refetch_setting_fails_before_any_request(good, web, setting, message):
+    """Before: the index pipeline built the refetch policy as the crawl started, and the
+    crawl ended in "Task exception was never retrieved" and a traceback."""
+    result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/",
+                            "-s", setting], runner.env_for(**good), timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.output, result.output[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("webfarm:")]
+    assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+    assert web.hits == []
+
+
 @pytest.mark.parametrize("command", [["seed", "generic", "http://127.0.0.2:1/"],
                                      ["reparse", "generic", "-a", "start=http://127.0.0.2:1/"]])
 def test_the_other_commands_check_setting_types_too(good, command):

@@ -57,6 +57,7 @@ from typing import Any
 
 from scrapy.crawler import Crawler
 from scrapy.settings import BaseSettings
+from scrapy.utils.misc import load_object
 
 DAY = 86400.0
 PRIOR_CHECKS = 1.0  # one pseudo-check over the initial interval...
@@ -263,6 +264,17 @@ class RefetchPolicy:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RefetchPolicy:
         return cls.from_settings(crawler.settings, getattr(crawler, "spidercls", None))
+
+    @classmethod
+    def check(cls, settings: BaseSettings, spidercls: type | None = None) -> None:
+        """:class:`RefetchConfigError` for a malformed refetch setting, rule or spider
+        attribute, when ``WEBFARM_REFETCH_POLICY`` is this policy (or a subclass). The
+        index pipeline builds it as the crawl starts, where such an error ended the crawl
+        in a traceback; ``scrapy crawl`` asks here first."""
+        path = settings.get("WEBFARM_REFETCH_POLICY") or ""
+        policy = load_object(path) if isinstance(path, str) and path else path
+        if isinstance(policy, type) and issubclass(policy, cls):
+            policy.from_settings(settings, spidercls)
 
     def bounds_for(self, url: str = "", host: str = "") -> Bounds:
         for rule in self.rules:

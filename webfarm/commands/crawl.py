@@ -18,6 +18,7 @@ from scrapy.settings import BaseSettings
 
 from webfarm import config
 from webfarm.commands._common import spider_settings
+from webfarm.refetch import RefetchConfigError, RefetchPolicy
 
 
 class Command(ScrapyCrawlCommand):
@@ -61,7 +62,8 @@ def prepare(settings: BaseSettings, spidercls: type | None, opts: argparse.Names
     fleet = config.fleet_warning(checked)
     try:
         loc = config.preflight(checked, name)
-    except config.ConfigError as exc:
+        RefetchPolicy.check(checked, spidercls)
+    except (config.ConfigError, RefetchConfigError) as exc:
         print(f"webfarm: {exc}", file=sys.stderr)
         if settings.get("LOG_FILE"):  # scrapyd: the job's log must say why, too
             logging.getLogger(__name__).error("webfarm: %s", exc)
