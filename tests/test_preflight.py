@@ -144,15 +144,31 @@ def test_a_setting_of_the_wrong_type_fails_before_any_request(good, web, setting
 @pytest.mark.parametrize("setting, message", [
     ('WEBFARM_REFETCH_RULES=[{"pattern": "("}]', "WEBFARM_REFETCH_RULES[0]: bad regex '('"),
     ("WEBFARM_REFETCH_MAX=soon", "WEBFARM_REFETCH_MAX='soon' is not a duration"),
+    ("WEBFARM_REFETCH_POLICY=no.such.Policy", "WEBFARM_REFETCH_POLICY='no.such.Policy' does "
+                                              "not import (No module named 'no')"),
+    # Refused by their components as the crawl starts: said in one line all the same.
+    ("WEBFARM_RENDER=bogus", "WEBFARM_RENDER='bogus' is not a render mode"),
+    ("WEBFARM_VOLATILE_PATTERNS=(", "WEBFARM_VOLATILE_PATTERNS: '(' is not a valid regex"),
+    ("WEBFARM_FETCH_API_URL=notaurl", "WEBFARM_FETCH_API_URL='notaurl' is not an http(s) URL"),
 ])
-def test_a_malformed_refetch_setting_fails_before_any_request(good, web, setting, message):
-    """Before: the index pipeline built the refetch policy as the crawl started, and the
-    crawl ended in "Task exception was never retrieved" and a traceback."""
+def test_a_setting_a_component_refuses_fails_in_one_line(good, web, setting, message):
+    """Before: the crawl ended in "Task exception was never retrieved" and a traceback
+    around the component's message (the refetch policy, render rules, volatile patterns)."""
     result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/",
                             "-s", setting], runner.env_for(**good), timeout=60)
     assert result.returncode == 1 and "Traceback" not in result.output, result.output[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("webfarm:")]
     assert len(errors) == 1 and message in errors[0], result.stderr[-2000:]
+    assert web.hits == []
+
+
+def test_an_error_that_is_not_a_setting_s_keeps_its_traceback(good, web):
+    result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/",
+                            "-s", 'DOWNLOADER_MIDDLEWARES={"no.such.Mw": 5}'],
+                           runner.env_for(**good), timeout=60)
+    assert result.returncode == 1
+    assert "The crawl did not start:" in result.stderr and "Traceback" in result.stderr
+    assert "No module named 'no'" in result.stderr
     assert web.hits == []
 
 

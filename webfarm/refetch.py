@@ -272,7 +272,12 @@ class RefetchPolicy:
         index pipeline builds it as the crawl starts, where such an error ended the crawl
         in a traceback; ``scrapy crawl`` asks here first."""
         path = settings.get("WEBFARM_REFETCH_POLICY") or ""
-        policy = load_object(path) if isinstance(path, str) and path else path
+        try:
+            policy = load_object(path) if isinstance(path, str) and path else path
+        except (ImportError, NameError, ValueError) as exc:
+            raise RefetchConfigError(
+                f"WEBFARM_REFETCH_POLICY={path!r} does not import ({exc}); give the path "
+                "of a policy class, e.g. webfarm.refetch.RefetchPolicy") from None
         if isinstance(policy, type) and issubclass(policy, cls):
             policy.from_settings(settings, spidercls)
 

@@ -10,8 +10,13 @@ every component and every worker of the machine uses the same ones.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import logging
+import re
 import sys
+import traceback
+from typing import Any
 
 from scrapy.commands.crawl import Command as ScrapyCrawlCommand
 from scrapy.settings import BaseSettings
@@ -19,6 +24,7 @@ from scrapy.settings import BaseSettings
 from webfarm import config
 from webfarm.commands._common import spider_settings
 from webfarm.refetch import RefetchConfigError, RefetchPolicy
+from webfarm.render import RenderConfigError
 
 
 class Command(ScrapyCrawlCommand):
@@ -37,8 +43,41 @@ class Command(ScrapyCrawlCommand):
                 self.exitcode = 2
                 return
         self.exitcode = prepare(self.settings, spidercls, opts)
-        if not self.exitcode:
-            super().run(args, opts)
+        if self.exitcode:
+            return
+        if len(args) != 1:
+            super().run(args, opts)  # Scrapy's usage error
+            return
+        # Scrapy's run, with the crawl's start watched for a component's refusal of a
+        # setting (a render rule, a regex, a component path): one line, not a traceback.
+        task = self.crawler_process.crawl(self._create_crawler(args[0]), **opts.spargs)
+        if isinstance(task, asyncio.Future):
+            task.add_done_callback(functools.partial(say_setting_error, self.settings))
+        self.crawler_process.start()
+        if self.crawler_process.bootstrap_failed:
+            self.exitcode = 1
+
+
+#: A component's refusal of a setting's value, raised as the crawl starts.
+SETTING_ERRORS = (config.ConfigError, RenderConfigError, RefetchConfigError)
+_SETTING_NAME = re.compile(r"[A-Z][A-Z0-9_]{2,}")
+
+
+def say_setting_error(settings: BaseSettings, task: asyncio.Future[Any]) -> None:
+    """The crawl could not start because a component refused a setting: its message says
+    what to fix, so it is said in one line (stderr, and the log for scrapyd) instead of
+    under "Task exception was never retrieved" and a traceback. Other errors keep theirs."""
+    if task.cancelled() or (exc := task.exception()) is None:
+        return
+    name = _SETTING_NAME.match(str(exc))
+    if isinstance(exc, SETTING_ERRORS) or (
+            isinstance(exc, ValueError) and name is not None and name.group() in settings):
+        print(f"webfarm: {exc}", file=sys.stderr)
+        if settings.get("LOG_FILE"):
+            logging.getLogger(__name__).error("webfarm: %s", exc)
+        return
+    print("The crawl did not start:", file=sys.stderr)
+    traceback.print_exception(exc)
 
 
 def prepare(settings: BaseSettings, spidercls: type | None, opts: argparse.Namespace) -> int:
