@@ -133,6 +133,9 @@ def test_scrapy_runspider_checks_what_scrapy_crawl_checks(dev_web, stores, tmp_p
                                          "number"),
         (["-s", "WEBFARM_HOST_DELAY=abc"], {}, 1, "webfarm: WEBFARM_HOST_DELAY='abc' is not "
                                                   "a number"),
+        # refused by its component as the crawl starts (before: a traceback)
+        (["-s", "WEBFARM_RENDER_HOSTS=x"], {}, 1, "webfarm: WEBFARM_RENDER_HOSTS: 'x' is not "
+                                                  "host=mode"),
         ([], {"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}, 1,
          "webfarm: REDIS_URL: cannot reach")]:
         result = run({**stores, **env}, "runspider", str(path), "-a", f"start={base}/", *args)

@@ -18,6 +18,7 @@ import sys
 import traceback
 from typing import Any
 
+from scrapy.commands import ScrapyCommand
 from scrapy.commands.crawl import Command as ScrapyCrawlCommand
 from scrapy.settings import BaseSettings
 
@@ -48,14 +49,20 @@ class Command(ScrapyCrawlCommand):
         if len(args) != 1:
             super().run(args, opts)  # Scrapy's usage error
             return
-        # Scrapy's run, with the crawl's start watched for a component's refusal of a
-        # setting (a render rule, a regex, a component path): one line, not a traceback.
-        task = self.crawler_process.crawl(self._create_crawler(args[0]), **opts.spargs)
-        if isinstance(task, asyncio.Future):
-            task.add_done_callback(functools.partial(say_setting_error, self.settings))
-        self.crawler_process.start()
-        if self.crawler_process.bootstrap_failed:
-            self.exitcode = 1
+        self.exitcode = crawl_watched(self, args[0], opts)
+
+
+def crawl_watched(command: ScrapyCommand, spider: str | type, opts: argparse.Namespace
+                  ) -> int:
+    """Scrapy's crawl and runspider ``run``, with the crawl's start watched for a
+    component's refusal of a setting (:func:`say_setting_error`); the exit code."""
+    process = command.crawler_process
+    assert process is not None and command.settings is not None
+    task = process.crawl(command._create_crawler(spider), **opts.spargs)
+    if isinstance(task, asyncio.Future):
+        task.add_done_callback(functools.partial(say_setting_error, command.settings))
+    process.start()
+    return 1 if process.bootstrap_failed else 0
 
 
 #: A component's refusal of a setting's value, raised as the crawl starts.

@@ -14,18 +14,18 @@ from scrapy.commands.runspider import Command as ScrapyRunSpiderCommand
 from scrapy.commands.runspider import _import_file
 from scrapy.utils.spider import iter_spider_classes
 
-from webfarm.commands.crawl import prepare
+from webfarm.commands.crawl import crawl_watched, prepare
 
 
 class Command(ScrapyRunSpiderCommand):
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None
         spidercls = self._spider_class(args)
-        if spidercls is not None:
-            self.exitcode = prepare(self.settings, spidercls, opts)
-            if self.exitcode:
-                return
-        super().run(args, opts)  # it says what is wrong with the file, if anything
+        if spidercls is None:
+            super().run(args, opts)  # it says what is wrong with the file
+            return
+        self.exitcode = prepare(self.settings, spidercls, opts) or crawl_watched(
+            self, spidercls, opts)
 
     @staticmethod
     def _spider_class(args: list[str]) -> type | None:
