@@ -167,7 +167,7 @@ def test_an_error_that_is_not_a_setting_s_keeps_its_traceback(good, web):
                             "-s", 'DOWNLOADER_MIDDLEWARES={"no.such.Mw": 5}'],
                            runner.env_for(**good), timeout=60)
     assert result.returncode == 1
-    assert "The crawl did not start:" in result.stderr and "Traceback" in result.stderr
+    assert "The crawl failed:" in result.stderr and "Traceback" in result.stderr
     assert "No module named 'no'" in result.stderr
     assert web.hits == []
 

@@ -83,7 +83,7 @@ def say_setting_error(settings: BaseSettings, task: asyncio.Future[Any]) -> None
         if settings.get("LOG_FILE"):
             logging.getLogger(__name__).error("webfarm: %s", exc)
         return
-    print("The crawl did not start:", file=sys.stderr)
+    print("The crawl failed:", file=sys.stderr)  # as asyncio would say, without "never retrieved"
     traceback.print_exception(exc)
 
 
