@@ -127,6 +127,8 @@ def test_bad_blob_compression_fails_before_any_request(good, web):
     ("WEBFARM_LEASE_SECONDS=-1", "WEBFARM_LEASE_SECONDS='-1' is out of range: give a number "
                                  "above 0 (seconds)"),
     ("DOWNLOAD_TIMEOUT=-1", "DOWNLOAD_TIMEOUT='-1' is out of range: give a number above 0"),
+    ("CONCURRENT_REQUESTS_PER_DOMAIN=0", "CONCURRENT_REQUESTS_PER_DOMAIN='0' is out of range: "
+                                         "give a number 1 or more"),
 ])
 def test_a_setting_of_the_wrong_type_fails_before_any_request(good, web, setting, message):
     """Before: a traceback once the component read it ("Task exception was never

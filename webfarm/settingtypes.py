@@ -51,6 +51,8 @@ BOUNDS: dict[str, tuple[str, Callable[[float], bool]]] = {
     "AUTOTHROTTLE_MAX_DELAY": ("0 or more (seconds)", lambda v: v >= 0),
     "DOWNLOAD_TIMEOUT": ("above 0 (seconds)", lambda v: v > 0),
     "SCRAPER_SLOT_MAX_ACTIVE_SIZE": ("1 or more (bytes)", lambda v: v >= 1),
+    # 0 or below: no request ever left, and SIGTERM's graceful stop waited for ever.
+    "CONCURRENT_REQUESTS_PER_DOMAIN": ("1 or more", lambda v: v >= 1),
 }
 
 
