@@ -30,7 +30,7 @@ from scrapy.statscollectors import StatsCollector
 from scrapy.utils.httpobj import urlparse_cached
 
 from webfarm.exceptions import RetryLater
-from webfarm.hostmemory import DEFAULT_SIZE, HostMemory, host_memory_size
+from webfarm.hostmemory import DEFAULT_SIZE, RecentHosts, host_memory_size
 from webfarm.queue import LEASE
 
 logger = logging.getLogger(__name__)
@@ -52,8 +52,8 @@ class FrontierOffsiteMiddleware(OffsiteMiddleware):
     def _remember(self, hosts: int) -> None:
         # Scrapy's set of the hosts it logged grew by every offsite host that a crawl's
         # links named; both sets keep the hosts met last (a forgotten one is said again).
-        self.domains_seen = HostMemory[None](hosts)  # type: ignore[assignment]
-        self._said: HostMemory[None] = HostMemory(hosts)  # hosts whose give-back was logged
+        self.domains_seen = RecentHosts[None](hosts)  # type: ignore[assignment]
+        self._said: RecentHosts[None] = RecentHosts(hosts)  # hosts whose give-back was logged
 
     def request_scheduled(self, request: Request, spider: Spider) -> None:
         # Yielded by this worker's spider (a redirect too): dropped before it is queued.

@@ -32,7 +32,7 @@ from scrapy.exceptions import NotConfigured
 from scrapy.http import Response
 from scrapy.spidermiddlewares.base import BaseSpiderMiddleware
 
-from webfarm.hostmemory import HostMemory, host_memory_size
+from webfarm.hostmemory import RecentHosts, host_memory_size
 from webfarm.urls import host_of
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class PathTrapMiddleware(BaseSpiderMiddleware):
         self.max_repeats = max_repeats
         self.max_segments = max_segments
         # hosts whose first dropped link was logged (the last WEBFARM_HOST_MEMORY of them)
-        self._said: HostMemory[None] = HostMemory(host_memory_size(crawler.settings))
+        self._said: RecentHosts[None] = RecentHosts(host_memory_size(crawler.settings))
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> PathTrapMiddleware:

@@ -16,14 +16,14 @@ from scrapy.utils.test import get_crawler
 from tests import runner
 from tests.testweb import Response, TestWeb
 from webfarm import signals as wf_signals
-from webfarm.hostmemory import HostMemory
+from webfarm.hostmemory import RecentHosts
 from webfarm.throttle import HostThrottle
 
 HOSTS = [f"127.0.40.{i}" for i in range(1, 13)]  # twelve sites, each a host of its own
 
 
 def test_host_memory_forgets_the_host_set_least_recently():
-    memory: HostMemory[int] = HostMemory(2)
+    memory: RecentHosts[int] = RecentHosts(2)
     memory["a"], memory["b"] = 1, 2
     assert memory.get("a") == 1  # a read is not a use
     memory["c"] = 3
@@ -31,7 +31,7 @@ def test_host_memory_forgets_the_host_set_least_recently():
     memory["b"] = 4  # set again: the most recent
     memory["d"] = 5
     assert list(memory) == ["b", "d"] and memory.forgotten == 2
-    unbounded: HostMemory[int] = HostMemory(0)
+    unbounded: RecentHosts[int] = RecentHosts(0)
     for i in range(100):
         unbounded[str(i)] = i
     assert len(unbounded) == 100 and not unbounded.forgotten

@@ -22,7 +22,7 @@ import redis
 from scrapy.statscollectors import StatsCollector
 
 from webfarm.frontier import AsyncFrontier, Entry, Exchange, Frontier
-from webfarm.hostmemory import DEFAULT_SIZE, HostMemory
+from webfarm.hostmemory import DEFAULT_SIZE, RecentHosts
 from webfarm.redisconn import REDIS_ERRORS
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class FrontierLink:
         self.down_since: float | None = None
         self._retry_at = 0.0
         # hosts whose used budget was logged (the last ``host_memory`` of them)
-        self._budget_said: HostMemory[None] = HostMemory(host_memory)
+        self._budget_said: RecentHosts[None] = RecentHosts(host_memory)
         self._failures = 0
 
     def waiting(self) -> bool:

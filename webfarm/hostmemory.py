@@ -11,7 +11,7 @@ rule read all of it after every response: 1.3 ms a response at 100,000 hosts, ag
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import ItemsView, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Generic, TypeVar, overload
 
 from webfarm.config import whole_number
@@ -29,10 +29,11 @@ def host_memory_size(settings: BaseSettings) -> int:
     return whole_number(settings, "WEBFARM_HOST_MEMORY", DEFAULT_SIZE, "hosts", "no limit")
 
 
-class HostMemory(Generic[V]):
+class RecentHosts(Generic[V]):
     """A mapping of host to state that forgets the least recently set host beyond
     ``size`` (0: never). Reading does not count as use: the hosts a worker fetches set
-    their state after each response, and those are the ones worth keeping."""
+    their state after each response, and those are the ones worth keeping. (The render
+    modes shared in Redis are another thing, :class:`webfarm.rendermemory.HostMemory`.)"""
 
     __slots__ = ("size", "forgotten", "_items")
 
@@ -53,18 +54,12 @@ class HostMemory(Generic[V]):
         """As a set's ``add``: for the hosts a line was logged about, say."""
         self[host] = None  # type: ignore[assignment]
 
-    def __getitem__(self, host: str) -> V:
-        return self._items[host]
-
     @overload
     def get(self, host: str) -> V | None: ...
     @overload
     def get(self, host: str, default: T) -> V | T: ...
     def get(self, host: str, default: object = None) -> object:
         return self._items.get(host, default)
-
-    def pop(self, host: str, default: V | None = None) -> V | None:
-        return self._items.pop(host, default)
 
     def __contains__(self, host: object) -> bool:
         return host in self._items
@@ -74,6 +69,3 @@ class HostMemory(Generic[V]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)
-
-    def items(self) -> ItemsView[str, V]:
-        return self._items.items()

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from webfarm.hostmemory import DEFAULT_SIZE, HostMemory
+from webfarm.hostmemory import DEFAULT_SIZE, RecentHosts
 from webfarm.proxyconfig import Proxy
 from webfarm.redisconn import REDIS_FAILURES, AnyRedis, answer
 
@@ -137,11 +137,11 @@ class ProxyPool:
         self._last_used: dict[str, float] = dict.fromkeys(self.order, 0.0)
         self._use_seq = 0
         # Per host, for the hosts used last (Redis holds the shared copies):
-        self._sticky: HostMemory[str] = HostMemory(host_memory)
+        self._sticky: RecentHosts[str] = RecentHosts(host_memory)
         # host -> proxy id -> epoch of the last success we know of (ours or, read lazily, others')
-        self._host_ok: HostMemory[dict[str, float]] = HostMemory(host_memory)
+        self._host_ok: RecentHosts[dict[str, float]] = RecentHosts(host_memory)
         # host -> proxy id -> epoch of the last success written to Redis
-        self._host_ok_written: HostMemory[dict[str, float]] = HostMemory(host_memory)
+        self._host_ok_written: RecentHosts[dict[str, float]] = RecentHosts(host_memory)
         self._failure_script = client.register_script(_FAILURE_LUA)
         self._success_script = client.register_script(_SUCCESS_LUA)
 

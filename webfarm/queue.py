@@ -23,7 +23,7 @@ from scrapy.utils.request import request_from_dict
 
 from webfarm import serialize
 from webfarm.frontier import Entry, Frontier
-from webfarm.hostmemory import HostMemory, host_memory_size
+from webfarm.hostmemory import RecentHosts, host_memory_size
 from webfarm.redisconn import redis_client
 from webfarm.urls import host_of
 
@@ -74,7 +74,7 @@ class SlotDelays:
             if isinstance(slot, dict) and slot.get("delay")}
         # Hosts looked up, the last WEBFARM_HOST_MEMORY of them (a broad crawl's hosts are
         # many; a slot's host looked up again sends the scheduler the delay it holds).
-        self._seen: HostMemory[None] = HostMemory(host_memory_size(settings))
+        self._seen: RecentHosts[None] = RecentHosts(host_memory_size(settings))
 
     def first_seen(self, host: str) -> float | None:
         """The slot delay of frontier host ``host`` (``host[:port]``) the first time it is

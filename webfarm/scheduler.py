@@ -64,7 +64,7 @@ from webfarm.config import whole_number
 from webfarm.dupefilter import RecentFingerprints
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped
 from webfarm.frontierlink import FrontierLink
-from webfarm.hostmemory import HostMemory, host_memory_size
+from webfarm.hostmemory import RecentHosts, host_memory_size
 from webfarm.leaseends import LeaseEnds
 from webfarm.outcomes import hook_downloader_output
 from webfarm.queue import (
@@ -116,7 +116,7 @@ class Scheduler(BaseScheduler):
         # host's delay once (robots.txt, DOWNLOAD_SLOTS) are kept; the latency rule's, sent
         # again after a host's responses, only for the hosts used last (a broad crawl).
         self._delays: dict[str, dict[str, float]] = {}
-        self._learned: HostMemory[float] = HostMemory(host_memory_size(settings))
+        self._learned: RecentHosts[float] = RecentHosts(host_memory_size(settings))
         self._next_poll = 0.0
         self._wake_call: Any = None
         self._empty_since: float | None = None

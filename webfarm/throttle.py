@@ -30,7 +30,7 @@ from scrapy.extensions.throttle import AutoThrottle
 from scrapy.http import Response
 
 from webfarm import signals as wf_signals
-from webfarm.hostmemory import HostMemory, host_memory_size
+from webfarm.hostmemory import RecentHosts, host_memory_size
 from webfarm.queue import host_delay
 from webfarm.urls import host_of
 
@@ -48,7 +48,7 @@ class HostThrottle:
         self.target = settings.getfloat("AUTOTHROTTLE_TARGET_CONCURRENCY", 1.0)
         if self.target <= 0:
             raise NotConfigured("AUTOTHROTTLE_TARGET_CONCURRENCY must be > 0")
-        self.delays: HostMemory[float] = HostMemory(host_memory_size(settings))
+        self.delays: RecentHosts[float] = RecentHosts(host_memory_size(settings))
         self.max_seen = 0.0  # the largest delay the rule gave a host: the stat
         crawler.signals.connect(self.response_received, signal=signals.response_received)
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
