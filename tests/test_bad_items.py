@@ -140,6 +140,9 @@ def test_a_crawl_dead_letters_pages_whose_index_document_is_refused(web, stores,
         assert "Document failed validation (code 121)" in letter["reason"]
         assert "scrapy dlq generic --requeue" in letter["reason"]
     assert crawlcheck.stat(crawl.output, "webfarm/index/refused") == len(dead)
+    # No content counts a refused page (before: each listing's, once).
+    assert sum(c["url_count"] for c in mongo_db.contents.find()) == (
+        mongo_db.pages.count_documents({}))
 
     # The rule was wrong: drop it, requeue the dead letters, crawl again.
     mongo_db.command("collMod", "pages", validator={})

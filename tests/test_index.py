@@ -128,6 +128,8 @@ def test_a_page_document_the_server_refuses_fails_alone_and_the_batch_is_stored(
     assert sorted(d["url"] for d in store.pages.find()) == [f"{base}/a", f"{base}/d"]
     assert store.contents.find_one({"_id": ok})["url_count"] == 2
     assert store.contents.find_one({"_id": big}) is None
+    # No content counts a page that is not stored (before: the refused page's, at 1).
+    assert store.contents.find_one({"_id": query}) is None
     # The same pages again: the stored ones updated, the refused ones refused again.
     again = store.record_pages([page(f"{base}/a", ok), page(f"{base}/b?q=1", query)])
     assert again[0].refused is None and again[1].refused

@@ -202,6 +202,7 @@ class IndexStore:
         # yet gets its document now (url_count moves in 4.), inserted rather than upserted
         # as it was just read as missing; a duplicate key means another worker was first.
         hashes = {pages[i]["content_hash"] for i in batch if pages[i].get("content_hash")}
+        inserted: dict[str, str] = {}  # content hash -> page id, for contents inserted now
         refused: dict[str, str] = {}  # content hash -> why the server refused its document
         contents = {h: {"first_page_id": self._known[h]} for h in hashes if h in self._known}
         if len(contents) < len(hashes):
@@ -216,6 +217,8 @@ class IndexStore:
             refused_at: dict[int, str] = {}
             lost = {keys[k] for k in write_unordered(self.contents, inserts, refused_at)}
             refused = {keys[k]: why for k, why in refused_at.items()}
+            inserted = {h: new[h]["first_page_id"] for h in keys
+                        if h not in lost and h not in refused}
             contents.update({h: doc for h, doc in new.items()
                              if h not in lost and h not in refused})
             contents.update(self._read_contents(lost))
@@ -299,7 +302,21 @@ class IndexStore:
             self.pages.update_many(
                 {"_id": {"$in": list(moved)}, "fetch_id": {"$in": list(moved.values())}},
                 {"$set": {"counts_pending": False}})
+        self._forget_orphans(pages, [order[k] for k in page_refused], ids, inserted)
         return conflicts
+
+    def _forget_orphans(self, pages: list[dict[str, Any]], refused: list[int],
+                        ids: dict[int, str], inserted: dict[str, str]) -> None:
+        """Delete the contents this batch inserted for pages the server then refused, so
+        ``url_count`` does not count a page that is not stored. Only while no other page
+        joined (``url_count`` 1); else its requeued page is counted by the insert, as now."""
+        orphans = [(h, ids[i]) for i in refused
+                   if (h := pages[i].get("content_hash")) and inserted.get(h) == ids[i]]
+        if orphans:
+            self.contents.delete_many({"$or": [{"_id": h, "first_page_id": pid, "url_count": 1}
+                                               for h, pid in orphans]})
+            for h, _ in orphans:
+                self._known.pop(h, None)
 
     @staticmethod
     def _counted_by_insert(b: dict[str, Any] | None, content: dict[str, Any] | None,
