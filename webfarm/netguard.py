@@ -32,12 +32,13 @@ import asyncio
 import ipaddress
 import socket
 import time
-from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
 from scrapy.settings import BaseSettings
+
+from webfarm.hostmemory import RecentHosts
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -138,7 +139,7 @@ class NetGuard:
         self.cache_seconds = cache_seconds
         self.resolve_timeout = resolve_timeout
         self.pin_scrapy_dns = pin_scrapy_dns
-        self._cache: OrderedDict[str, tuple[float, list[str]]] = OrderedDict()
+        self._cache: RecentHosts[tuple[float, list[str]]] = RecentHosts(_CACHE_SIZE)
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> NetGuard:
@@ -240,9 +241,6 @@ class NetGuard:
         infos = await self._getaddrinfo(host)
         addresses = list(dict.fromkeys(str(info[4][0]).split("%", 1)[0] for info in infos))
         self._cache[host] = (now + self.cache_seconds, addresses)
-        self._cache.move_to_end(host)
-        while len(self._cache) > _CACHE_SIZE:
-            self._cache.popitem(last=False)
         if self.pin_scrapy_dns and addresses:
             self._pin(host, addresses)
         return addresses

@@ -15,9 +15,11 @@ from typing import Any
 
 import redis.asyncio
 
+from webfarm.hostmemory import RecentHosts
 from webfarm.redisconn import REDIS_ERRORS, AnyRedis, answer, run_script
 
 logger = logging.getLogger(__name__)
+_CACHE_SIZE = 10_000  # hosts whose mode is kept for cache_seconds (the oldest set go)
 
 # The host's counts and mode, updated in one step so workers do not race.
 # KEYS[1] the host's hash; ARGV: "js"|"ok", ttl ms, min pages, share, how many (of that kind).
@@ -73,7 +75,7 @@ class HostMemory:
         self.cache_seconds = cache_seconds
         self.batch_size = max(1, batch_size)
         self.batch_seconds = batch_seconds
-        self._cache: dict[str, tuple[float, str]] = {}
+        self._cache: RecentHosts[tuple[float, str]] = RecentHosts(_CACHE_SIZE)
         self._pending: dict[str, int] = {}  # host -> "ok" observations not sent yet
         self._pending_count = 0
         self._pending_since = 0.0
@@ -109,8 +111,6 @@ class HostMemory:
             for waiter in self._reading.pop(host):
                 if not waiter.done():
                     waiter.set_result(None)
-        if len(self._cache) > 10_000:
-            self._cache.clear()
         return self._remember_mode(host, raw or b"http")
 
     async def observe(self, host: str, needed_js: bool) -> str:
