@@ -6,11 +6,13 @@ import re
 
 import pytest
 from scrapy import Request
+from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.test import get_crawler
 
 from webfarm.urls import (
     DEFAULT_TRACKING_PARAMS,
     RequestFingerprinter,
+    bare_host,
     canonical_url,
     host_of,
     request_fingerprint,
@@ -166,6 +168,15 @@ def test_fingerprinter_reads_strip_params_setting() -> None:
 )
 def test_host_of(url: str, expected: str) -> None:
     assert host_of(url) == expected
+
+
+@pytest.mark.parametrize("url", [
+    "http://127.0.0.2:8081/a", "http://Example.COM:80/", "https://example.com:8443/x",
+    "http://user:pw@Example.com:8080/", "http://[::1]:8080/", "http://[::1]/",
+])
+def test_bare_host_is_scrapys_slot_key(url: str) -> None:
+    """Scrapy keys ``DOWNLOAD_SLOTS`` and its offsite filter by the URL's bare hostname."""
+    assert bare_host(host_of(url)) == urlparse_cached(Request(url)).hostname
 
 
 def test_host_of_agrees_with_canonical_url() -> None:

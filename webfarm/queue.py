@@ -25,7 +25,7 @@ from webfarm import serialize
 from webfarm.frontier import Entry, Frontier
 from webfarm.hostmemory import RecentHosts, host_memory_size
 from webfarm.redisconn import redis_client
-from webfarm.urls import host_of
+from webfarm.urls import bare_host, host_of
 
 DUPEFILTER_MODES = {"bloom", "set"}
 #: meta key: the frontier's lease of a request it handed out (it alone acknowledges,
@@ -82,7 +82,7 @@ class SlotDelays:
         if host in self._seen:
             return None
         self._seen.add(host)
-        return self.delays.get(urlsplit(f"//{host}").hostname or host)
+        return self.delays.get(bare_host(host))
 
 
 def allowed_attempts(settings: BaseSettings) -> int:

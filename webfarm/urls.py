@@ -202,6 +202,12 @@ def host_of(url: str) -> str:
     return _drop_default_port(parts.scheme.lower(), hostport.lower())
 
 
+def bare_host(host: str) -> str:
+    """The name of a :func:`host_of` key without its port (``127.0.0.2:8081`` is
+    ``127.0.0.2``): what Scrapy's ``DOWNLOAD_SLOTS`` and offsite filter compare."""
+    return urlsplit(f"//{host}").hostname or host
+
+
 _HOST_NAME = re.compile(r"[a-z0-9_.-]+")
 
 

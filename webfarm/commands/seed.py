@@ -23,7 +23,6 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, ClassVar
-from urllib.parse import urlsplit
 
 import redis
 from scrapy import Request
@@ -43,7 +42,7 @@ from webfarm.frontier import MAX_PUSH, Entry, Frontier
 from webfarm.queue import request_entry
 from webfarm.serialize import SerializationError
 from webfarm.sitemaps import MAX_URLS, SitemapError, SitemapReader, is_http_url, start_url
-from webfarm.urls import host_of, within_domains
+from webfarm.urls import bare_host, host_of, within_domains
 
 PROGRESS_EVERY = 100_000  # URLs between two progress lines of a long seed
 
@@ -192,7 +191,7 @@ def spider_hosts(spidercls: type) -> list[str]:
         hosts = check().get("domains") or [host_of(u) for u in spidercls.start_urls]
     except ValueError:  # generic: its -a start or -a domains decide
         return []
-    return sorted({urlsplit(f"//{h}").hostname or h for h in hosts})
+    return sorted({bare_host(h) for h in hosts})
 
 
 def _progress(name: str, total: int) -> Callable[[int], None]:
