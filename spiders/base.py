@@ -7,6 +7,7 @@ site spider only its extraction: override :meth:`extract`.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import ipaddress
 import logging
@@ -49,6 +50,39 @@ def _ip6(name: str) -> str:
         return ipaddress.IPv6Address(name).compressed
     except ValueError:
         return name
+
+
+#: The ``-a`` arguments the base class reads (``render*``: :mod:`webfarm.render`).
+ARGUMENTS = ("start", "start_urls", "domains", "allowed_domains", "max_pages", "render",
+             "render_check")
+
+
+def _taken(cls: type) -> set[str]:
+    """The argument names ``cls`` reads: the base's and its ``__init__``'s parameters."""
+    params = inspect.signature(cls.__init__).parameters.values()
+    return set(ARGUMENTS) | {p.name for p in params
+                             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
+
+
+def _check_names(cls: type, spargs: dict[str, Any], strict: bool = False) -> None:
+    """ValueError for an argument nothing reads that is one letter or two from one that
+    is (``-a max_page=10`` crawled the whole site), or, when ``strict``, for any argument
+    nothing reads. Scrapy sets an unknown ``-a`` as an attribute for the spider's own
+    code, so a class attribute or ``__init__`` parameter of that name is left alone, and
+    so are ``_``-names (scrapyd's ``_job``)."""
+    taken = _taken(cls)
+    for name in spargs:
+        if name in taken or name.startswith("_") or hasattr(cls, name):
+            continue
+        close = difflib.get_close_matches(name, sorted(taken), n=1, cutoff=0.75)
+        if close:
+            own = ("" if strict else f" (a spider that reads {name!r} itself declares it: "
+                   f"a class attribute {name} = None)")
+            raise ValueError(f"-a {name}: no such argument; did you mean -a {close[0]}?{own}")
+        if strict:
+            raise ValueError(f"-a {name}: no such argument; {cls.name} takes -a start, "
+                             "domains, max_pages, render and render_check (or Scrapy's "
+                             "names start_urls and allowed_domains)")
 
 
 def _hosts(value: str | Iterable[str] | None, source: str) -> list[str]:
@@ -97,6 +131,8 @@ class WebfarmSpider(scrapy.Spider):
     max_links = MAX_LINKS_PER_PAGE  # WEBFARM_MAX_LINKS_PER_PAGE in a crawl (0: no limit)
     #: it tags its items with their page itself (middlewares.sources leaves it alone)
     tags_item_sources = True
+    #: refuse every ``-a`` it does not read (a spider with no code of its own: generic)
+    strict_arguments = False
 
     def __init__(
         self, start: str | None = None, domains: str | None = None,
@@ -127,6 +163,7 @@ class WebfarmSpider(scrapy.Spider):
         """Validate ``-a`` arguments; ``scrapy crawl`` calls this before starting
         anything, so a typo costs one line, not a traceback. Raises ValueError."""
         spargs = dict(spargs)
+        _check_names(cls, spargs, strict=cls.strict_arguments)
         spargs["start"], spargs["domains"] = _scrapy_names(
             spargs, spargs.get("start"), spargs.get("domains"))
         start = _split(spargs.get("start"))

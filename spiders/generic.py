@@ -13,6 +13,7 @@ from spiders.base import WebfarmSpider
 
 class GenericSpider(WebfarmSpider):
     name = "generic"
+    strict_arguments = True  # no code of its own reads an attribute: any other -a is a slip
 
     @classmethod
     def check_arguments(cls, **spargs: Any) -> dict[str, Any]:

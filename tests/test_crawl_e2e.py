@@ -98,6 +98,13 @@ def test_crawl_writes_blobs_to_s3(web, redis_url, mongo_uri, mongo_db_name, s3_s
     (["-a", "start=ftp://example.com/"], "not an http(s) URL"),
     (["-a", "start=http://127.0.0.2:1/", "-a", "max_pages=ten"], "not a whole number"),
     (["-a", "start_urls=ftp://example.com/"], "not an http(s) URL"),
+    # A typo crawled the whole site (max_pages unset) or left the scope to the start URLs.
+    (["-a", "start=http://127.0.0.2:1/", "-a", "max_page=10"],
+     "-a max_page: no such argument; did you mean -a max_pages?"),
+    (["-a", "start=http://127.0.0.2:1/", "-a", "domain=127.0.0.3"],
+     "-a domain: no such argument; did you mean -a domains?"),
+    (["-a", "start=http://127.0.0.2:1/", "-a", "depth=2"],
+     "-a depth: no such argument; generic takes -a start, domains, max_pages"),
     (["-a", "start=http://127.0.0.2:1/", "-a", "domains=https://127.0.0.2:1/blog/"],
      "domains: 'https://127.0.0.2:1/blog/' is a URL with a path; give its host, '127.0.0.2:1'"),
 ])
@@ -127,6 +134,30 @@ def test_scrapy_argument_names_start_urls_and_allowed_domains_work_as_start_and_
     assert both.start_urls == ["http://a.test/", "http://c.test/"]
     with pytest.raises(ValueError, match="'h' is not an http"):
         GenericSpider.check_arguments(start_urls="h")
+
+
+def test_a_spiders_own_arguments_pass_and_a_near_miss_of_the_base_ones_is_refused():
+    """Scrapy sets an ``-a`` nothing reads as an attribute, for the spider's own code; a
+    near miss of one webfarm reads (``max_page``) is a typo, whatever the spider."""
+    from spiders.base import WebfarmSpider
+
+    class Shop(WebfarmSpider):
+        name = "shop"
+        category: str | None = None
+        star = None  # its own, though one letter from start
+
+        def __init__(self, region: str = "eu", **kwargs):
+            super().__init__(**kwargs)
+            self.region = region
+
+    ok = Shop.check_arguments(start="http://a.test/", category="books", region="us",
+                              star="5", price_max="9", _job="abc")
+    assert ok["start"] == ["http://a.test/"]
+    for typo, meant in [("max_page", "max_pages"), ("domain", "domains"),
+                        ("start_url", "start_urls"), ("regoin", "region")]:
+        with pytest.raises(ValueError, match=f"-a {typo}: no such argument; did you mean "
+                                             f"-a {meant}\\? \\(a spider that reads"):
+            Shop.check_arguments(start="http://a.test/", **{typo: "1"})
 
 
 LINKS = ["http://example.com/a", "https://www.example.com:8443/b", "http://xn--bcher-kva.de/c",
