@@ -68,11 +68,12 @@ def _check_names(cls: type, spargs: dict[str, Any], strict: bool = False) -> Non
     """ValueError for an argument nothing reads that is one letter or two from one that
     is (``-a max_page=10`` crawled the whole site), or, when ``strict``, for any argument
     nothing reads. Scrapy sets an unknown ``-a`` as an attribute for the spider's own
-    code, so a class attribute or ``__init__`` parameter of that name is left alone, and
+    code, so a class attribute or ``__init__`` parameter of that name is left alone
+    (unless ``strict``: ``-a follow_links=false`` would set a string, which is true), and
     so are ``_``-names (scrapyd's ``_job``)."""
     taken = _taken(cls)
     for name in spargs:
-        if name in taken or name.startswith("_") or hasattr(cls, name):
+        if name in taken or name.startswith("_") or (hasattr(cls, name) and not strict):
             continue
         close = difflib.get_close_matches(name, sorted(taken), n=1, cutoff=0.75)
         if close:

@@ -105,6 +105,8 @@ def test_crawl_writes_blobs_to_s3(web, redis_url, mongo_uri, mongo_db_name, s3_s
      "-a domain: no such argument; did you mean -a domains?"),
     (["-a", "start=http://127.0.0.2:1/", "-a", "depth=2"],
      "-a depth: no such argument; generic takes -a start, domains, max_pages"),
+    (["-a", "start=http://127.0.0.2:1/", "-a", "follow_links=false"],  # "false" is true
+     "-a follow_links: no such argument; generic takes -a start, domains, max_pages"),
     (["-a", "start=http://127.0.0.2:1/", "-a", "domains=https://127.0.0.2:1/blog/"],
      "domains: 'https://127.0.0.2:1/blog/' is a URL with a path; give its host, '127.0.0.2:1'"),
 ])
