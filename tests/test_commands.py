@@ -147,6 +147,11 @@ def test_seed_input_checks_in_process(tmp_path):
         seed_command()._seed("generic", [], seed_opts())
     with pytest.raises(CommandError, match="--sitemap: 'ftp://x/s.xml' is not an http"):
         seed_command()._seed("generic", [], seed_opts(sitemaps=["ftp://x/s.xml"]))
+    with pytest.raises(CommandError, match="--max-urls 0: give 1 or more"):
+        seed_command()._seed("generic", [], seed_opts(sitemaps=["http://x/s.xml"], max_urls=0))
+    with pytest.raises(CommandError, match="--priority 4503599627370497 is out of range: "
+                                           "give a whole number from -4503599627370496 to"):
+        seed_command()._seed("generic", ["http://127.0.0.2/x"], seed_opts(priority=2**52 + 1))
     with pytest.raises(CommandError, match="cannot read .*missing.txt: No such file"):
         seed.UrlFile(str(tmp_path / "missing.txt"))
     binary = tmp_path / "binary.txt"

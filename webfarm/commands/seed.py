@@ -113,7 +113,10 @@ class Command(ScrapyCommand):
         if not seeds and not any(f.count for f in files) and not opts.sitemaps:
             raise CommandError("nothing to seed: give URLs, -f FILE or --sitemap URL")
         if abs(opts.priority) > 2**52:
-            raise CommandError(f"--priority {opts.priority} is out of range")
+            raise CommandError(f"--priority {opts.priority} is out of range: give a whole "
+                               f"number from -{2**52} to {2**52}")
+        if opts.max_urls < 1:  # it was taken as 1, and a sitemap of two URLs refused
+            raise CommandError(f"--max-urls {opts.max_urls}: give 1 or more")
         # The spider's own settings apply, as on a worker (fingerprint, frontier options).
         crawler = Crawler(spidercls, self.settings)
         frontier = open_spider_frontier(crawler.settings, name)
@@ -176,7 +179,7 @@ class Command(ScrapyCommand):
         return SitemapReader(
             user_agent=crawler.settings.get("USER_AGENT") or "webfarm",
             timeout=crawler.settings.getfloat("DOWNLOAD_TIMEOUT", 30.0),
-            max_urls=max(1, max_urls),
+            max_urls=max_urls,
             check_url=lambda url: asyncio.run(guard.check_url(url)),
         )
 
