@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hashlib
+import re
 import threading
 import time
 from pathlib import Path
@@ -393,3 +394,30 @@ def test_a_pipeline_that_waits_on_the_reactor_stops_the_run_saying_what_to_do(in
     with pytest.raises(PipelineNeedsReactor, match="WaitsOnTheReactor.process_item returned "
                        "a Deferred that did not fire.*'async def'"):
         job.run()
+
+
+def test_progress_lines_every_n_pages_or_none(index, blobs):
+    """``--progress-every 0`` was taken as 1: a progress line for every page."""
+    store_pages(index, blobs, 12)
+    for every, lines in ((5, 2), (0, 0)):
+        said: list[int] = []
+        reparser(index, blobs, progress_every=every,
+                 progress=lambda stats, said=said: said.append(stats.pages)).run()
+        assert said == [5 * (n + 1) for n in range(lines)]
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("progress_every", -1, "--progress-every -1: give 0 (no progress lines) or more"),
+    ("batch_size", 0, "--batch-size 0: give 1 or more"),
+    ("show_changes", -2, "--show-changes -2: give 0 (none) or more"),
+])
+def test_reparse_counts_out_of_range_are_one_line(flag, value, message):
+    import argparse
+
+    from webfarm.commands._common import CommandError
+    from webfarm.commands.reparse import check_counts
+
+    opts = argparse.Namespace(**{"progress_every": 500, "batch_size": 200, "show_changes": 10,
+                                 flag: value})
+    with pytest.raises(CommandError, match=re.escape(message)):
+        check_counts(opts)

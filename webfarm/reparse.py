@@ -154,7 +154,7 @@ class Reparser:
         self.blobs = blobs
         self.items = items
         self.batch_size = max(1, batch_size)
-        self.progress_every = max(1, progress_every)
+        self.progress_every = max(0, progress_every)  # 0: no progress lines
         self.progress = progress or (lambda s: logger.info("%s", s.line()))
         self.retry_seconds = retry_seconds
         self.page_batch = page_batch
@@ -201,7 +201,7 @@ class Reparser:
                 if len(pending) >= self.batch_size:
                     self._write(pending, stats)
                     pending = []
-                if stats.pages % self.progress_every == 0:
+                if self.progress_every and stats.pages % self.progress_every == 0:
                     self.progress(stats)
             self._write(pending, stats)
             self._flush(stats)

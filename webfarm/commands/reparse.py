@@ -56,6 +56,17 @@ def parse_since(value: str) -> dt.datetime:
     return when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
 
 
+def check_counts(opts: argparse.Namespace) -> None:
+    """The numeric options, refused out of range: they were taken as 1 (a progress line
+    for every page after ``--progress-every 0``)."""
+    for flag, value, least, zero in (
+            ("--progress-every", opts.progress_every, 0, "0 (no progress lines)"),
+            ("--batch-size", opts.batch_size, 1, "1"),
+            ("--show-changes", opts.show_changes, 0, "0 (none)")):
+        if value < least:
+            raise CommandError(f"{flag} {value}: give {zero} or more")
+
+
 class Command(ScrapyCommand):
     requires_project = True
     default_settings: ClassVar[dict[str, Any]] = {"LOG_LEVEL": "INFO"}
@@ -73,7 +84,7 @@ class Command(ScrapyCommand):
         parser.add_argument("--since", help="only pages fetched at or after this ISO date")
         parser.add_argument("--url-pattern", help="only pages whose URL matches this regex")
         parser.add_argument("--progress-every", type=int, default=500, metavar="N",
-                            help="log a progress line every N pages (default 500)")
+                            help="log a progress line every N pages (default 500; 0 = none)")
         parser.add_argument("--batch-size", type=int, default=200, metavar="N",
                             help="items per bulk write (default 200)")
         parser.add_argument("--shard", metavar="K/N",
@@ -105,6 +116,7 @@ class Command(ScrapyCommand):
         settings = self.settings
         since = parse_since(opts.since) if opts.since else None
         shard = parse_shard(opts.shard) if opts.shard else None
+        check_counts(opts)
         if opts.url_pattern:
             try:
                 re.compile(opts.url_pattern)
