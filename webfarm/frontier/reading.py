@@ -63,36 +63,28 @@ class FrontierReads:
         """Per host with queued entries or a pending wait: queued, delay, next_allowed_in,
         urls (admitted through the dupefilter so far: what the host budget counts).
 
-        Walks every such host (for ``scrapy frontier``, not for the hot path).
+        Walks every such host (for ``scrapy frontier``, not for the hot path), in script
+        calls of ``MAX_READ`` hosts: read whole, 200,000 hosts held Redis up for 100 ms.
         """
-        pipe = self.server.pipeline(transaction=False)
-        pipe.time()
-        pipe.zrange(self.key("ready"), 0, -1, withscores=True)
-        pipe.zrange(self.key("cool"), 0, -1, withscores=True)
-        (sec, usec), ready, cool = pipe.execute()
-        now_ms = sec * 1000 + usec // 1000
-        hosts: dict[str, float] = {as_text(h): s for h, s in cool}
-        hosts.update((as_text(h), s) for h, s in ready)
-        names = sorted(hosts)
-        pipe = self.server.pipeline(transaction=False)
-        for name in names:
-            pipe.zcard(self.key("q:" + name))
-        queued = pipe.execute(raise_on_error=False) if names else []
-        delays = self.server.hmget(self.key("delay"), names) if names else []
-        urls = self.server.hmget(self.key("urls"), names) if names else []
-        out = []
-        for name, depth, delay, admitted in zip(names, queued, delays, urls, strict=True):
-            out.append(
-                {
-                    "host": name,
-                    "queued": depth if isinstance(depth, int) else 0,
-                    "delay": self.default_delay if delay is None else float(delay),
-                    "next_allowed_in": max(0.0, (hosts[name] - now_ms) / 1000),
-                    "urls": int(admitted or 0),
-                }
-            )
-        out.sort(key=lambda h: (-h["queued"], h["host"]))
-        return out
+        hosts: dict[str, dict[str, Any]] = {}
+        for where in ("cool", "ready"):  # a host moved meanwhile: its 'ready' row wins
+            cursor: Any = "0"
+            while True:
+                reply = self._call("hosts", where, cursor, MAX_READ)
+                cursor, now_ms = reply[0], int(reply[1])
+                for i in range(2, len(reply), 5):
+                    name, at, depth, delay, admitted = reply[i:i + 5]
+                    host = as_text(name)
+                    hosts[host] = {
+                        "host": host,
+                        "queued": int(depth),
+                        "delay": float(delay) if delay else self.default_delay,
+                        "next_allowed_in": max(0.0, (float(at) - now_ms) / 1000),
+                        "urls": int(admitted or 0),
+                    }
+                if as_text(cursor) == "0":
+                    break
+        return sorted(hosts.values(), key=lambda h: (-h["queued"], h["host"]))
 
     def leases_by_worker(self) -> dict[str, int]:
         """Leases (requests in flight) per worker name, most first: which workers are at

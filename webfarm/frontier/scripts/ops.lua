@@ -271,6 +271,25 @@ end
 
 OPS.next_ready = function() return fmt_int(ready_in()) end
 
+-- hosts: ARGV 3 'ready'|'cool', ARGV 4 ZSCAN cursor, ARGV 5 count -> {next cursor, now ms,
+-- then host, next allowed ms, queued, delay or '', urls or '' per host}. A page at a time,
+-- so a broad crawl's million hosts never hold Redis up for the workers.
+OPS.hosts = function()
+  local page = redis.call('ZSCAN', ARGV[3] == 'cool' and K_COOL or K_READY, ARGV[4],
+                          'COUNT', tonumber(ARGV[5]))
+  local out, flat = {page[1], fmt_int(NOW)}, page[2]
+  for i = 1, #flat, 2 do
+    local host = flat[i]
+    local n = redis.pcall('ZCARD', qkey(host))
+    out[#out + 1] = host
+    out[#out + 1] = flat[i + 1]
+    out[#out + 1] = type(n) == 'number' and n or 0
+    out[#out + 1] = redis.call('HGET', K_DELAY, host) or ''
+    out[#out + 1] = redis.call('HGET', K_URLS, host) or ''
+  end
+  return out
+end
+
 local f = OPS[OP]
 if not f then return redis.error_reply('WEBFARM unknown frontier operation ' .. tostring(OP)) end
 local result = f()
