@@ -235,6 +235,35 @@ def test_cookies_a_spider_passes_are_sent_only_with_cookies_enabled_and_it_is_sa
     assert "consent=yes" in sent["/"] and "locale=en" in sent["/about"]  # through the frontier
 
 
+def test_a_spiders_own_download_slot_is_said_not_used(shop, stores):
+    """Scrapy groups requests with ``meta["download_slot"]``; here the frontier paces each
+    host for all workers and the key is not queued: the group was gone without a word."""
+    base = shop.base_urls[0]
+    args = ["crawl", "test_slots", "-a", f"start={base}/",
+            "-s", "SPIDER_MODULES=spiders,tests.spiders"]
+    crawl = runner.scrapy(args, runner.env_for(**stores), timeout=120)
+    assert crawl.returncode == 0, crawl.output[-2000:]
+    assert sorted(h.path for h in page_hits(shop, base)) == ["/", "/about", "/category/garden"]
+    assert crawl.output.count("has meta['download_slot']='shop', which is not used: the "
+                              "frontier paces each host itself") == 1, crawl.output[-3000:]
+
+
+def test_a_download_slot_scrapy_set_on_a_fetched_request_is_not_said():
+    from scrapy import Request
+
+    from webfarm.advice import slot_not_used
+
+    host = "shop.test:8080"  # Scrapy's slot for it: the name, without the port
+    assert not slot_not_used(Request("http://shop.test:8080/a", meta={"download_slot":
+                                                                       "shop.test"}), host)
+    assert not slot_not_used(Request("http://shop.test:8080/a"), host)
+    for carried in ({"download_slot": "127.0.0.9"},  # CONCURRENT_REQUESTS_PER_IP's slot
+                    {"download_slot": "old.test", "redirect_urls": ["http://old.test/"]},
+                    {"download_slot": "other.test", "download_latency": 0.1}):  # response.meta
+        assert not slot_not_used(Request("http://shop.test:8080/a", meta=carried), host)
+    assert slot_not_used(Request("http://shop.test:8080/a", meta={"download_slot": "s"}), host)
+
+
 def test_which_retry_limit_applies():
     """WEBFARM_RETRY_TIMES counts tries; Scrapy's RETRY_TIMES counts retries, and wins when
     set at least as high (a spider's custom_settings, -s), not as Scrapy's default."""

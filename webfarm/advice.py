@@ -5,6 +5,7 @@ Kept out of the scheduler, which only decides when to say it.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 
 from scrapy import Request
@@ -12,6 +13,7 @@ from scrapy.statscollectors import StatsCollector
 
 from webfarm.frontier import Frontier
 from webfarm.redisconn import REDIS_ERRORS
+from webfarm.urls import bare_host
 
 logger = logging.getLogger("webfarm.scheduler")  # where these lines always came from
 
@@ -23,6 +25,34 @@ def cookies_not_sent(request: Request) -> None:
         "%s carries cookies=..., which are not sent: COOKIES_ENABLED is False here "
         "(crawls are anonymous); set COOKIES_ENABLED=True in the spider's custom_settings "
         "to send them (said once)", request)
+
+
+def slot_not_used(request: Request, host: str) -> bool:
+    """A spider's own ``meta["download_slot"]`` (a slot that groups hosts, in Scrapy):
+    the frontier paces each host for all workers and the meta key is not queued, so the
+    group was silently gone. Says so, and returns True, unless the slot is one Scrapy's
+    downloader set on a request it fetched (the host's name, or its address under
+    ``CONCURRENT_REQUESTS_PER_IP``), which a retry, a redirect to another host, or a
+    ``meta=response.meta`` copy carries on."""
+    meta = request.meta
+    slot = meta.get("download_slot")
+    if (not slot or slot == bare_host(host) or "redirect_urls" in meta
+            or "download_latency" in meta or _is_address(slot)):
+        return False
+    logger.warning(
+        "%s has meta['download_slot']=%r, which is not used: the frontier paces each host "
+        "itself, for all workers (WEBFARM_HOST_DELAY, robots.txt Crawl-delay, a "
+        "DOWNLOAD_SLOTS entry per host name); to slow the hosts of that group, give each "
+        "of them a DOWNLOAD_SLOTS entry (said once)", request, slot)
+    return True
+
+
+def _is_address(text: object) -> bool:
+    try:
+        ipaddress.ip_address(str(text))
+    except ValueError:
+        return False
+    return True
 
 
 def explain_nothing_fetched(stats: StatsCollector | None, name: str,

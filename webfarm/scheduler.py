@@ -59,7 +59,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 
 from webfarm import signals as wf_signals
-from webfarm.advice import cookies_not_sent, explain_nothing_fetched
+from webfarm.advice import cookies_not_sent, explain_nothing_fetched, slot_not_used
 from webfarm.config import whole_number
 from webfarm.dupefilter import RecentFingerprints
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped
@@ -99,6 +99,7 @@ class Scheduler(BaseScheduler):
         self.idle_timeout = settings.getfloat("WEBFARM_IDLE_TIMEOUT", 10.0)
         self._slots = SlotDelays(settings)
         self._cookies_said = settings.getbool("COOKIES_ENABLED")  # nothing to say then
+        self._slot_said = False
         self.flush_interval = settings.getfloat("WEBFARM_FLUSH_INTERVAL", 0.5)
         self.max_entry_bytes = whole_number(settings, "WEBFARM_MAX_ENTRY_BYTES", 1 << 20,
                                             "bytes", "no limit")
@@ -243,6 +244,8 @@ class Scheduler(BaseScheduler):
             self._recent.add(fingerprint)
         if self._slots.delays:
             self._slot_delay(entry.host)
+        if not self._slot_said and "download_slot" in request.meta:
+            self._slot_said = slot_not_used(request, entry.host)
         if request.cookies and not self._cookies_said:
             self._cookies_said = True
             cookies_not_sent(request)
