@@ -48,6 +48,27 @@ def test_bad_location_fails_before_any_request(case, good, web, s3_server):
     assert web.hits == []  # not even robots.txt was fetched
 
 
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    # urllib's ValueError ended the crawl in a traceback
+    ("MONGO_URI", "mongodb://u:secret@[db1", "MONGO_URI='mongodb://***@[db1' is not a URL "
+     "(Invalid IPv6 URL); use mongodb://host:27017"),
+    ("REDIS_URL", "redis://[::1/0", "REDIS_URL='redis://[::1/0' is not a URL"),
+    ("BLOB_STORE_URI", "s3://[b/x", "BLOB_STORE_URI='s3://[b/x' is not a URL"),
+    # said as "cannot reach" a server that answered
+    ("MONGO_DATABASE", "crawl.v2", "MONGO_DATABASE='crawl.v2' is not a name MongoDB accepts "
+     "(it has '.'); use letters, digits, _ and -, at most 63 bytes"),
+    ("MONGO_DATABASE", "d" * 64, "is not a name MongoDB accepts (it is over 63 bytes)"),
+])
+def test_a_location_that_is_no_url_or_name_is_one_line(good, variable, value, message):
+    from scrapy.settings import Settings
+
+    settings = Settings({**good, variable: value})
+    with pytest.raises(ConfigError) as refused:
+        config.preflight(settings)
+    assert message in str(refused.value)
+    assert config.fleet_warning(settings) is None  # read before preflight: no traceback
+
+
 def test_scrapy_redis_host_and_port_are_not_taken_for_the_embedded_frontier(good, web):
     """A migrated scrapy-redis project's REDIS_HOST/REDIS_PORT were ignored: each machine
     started an embedded Valkey and crawled on a frontier of its own."""

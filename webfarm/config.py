@@ -70,13 +70,23 @@ def _embedded(settings: BaseSettings, name: str, variable: str) -> str:
         raise ConfigError(f"{variable} is unset and the embedded service failed: {exc}") from None
 
 
+def _scheme(uri: str, variable: str, example: str) -> str:
+    """The scheme of ``uri``; ConfigError when it is not a URL at all (``mongodb://[db``,
+    an unclosed IPv6 bracket, ended in urllib's traceback)."""
+    try:
+        return urlsplit(uri).scheme
+    except ValueError as exc:
+        raise ConfigError(f"{variable}={safe_url(uri)!r} is not a URL ({exc}); use {example}"
+                          ) from None
+
+
 def redis_url(settings: BaseSettings) -> str:
     """``REDIS_URL``, or the embedded Valkey's URL (started if needed)."""
     url = settings.get("REDIS_URL") or ""
     if not url:
         _refuse_scrapy_redis_address(settings)
         return _embedded(settings, "redis", "REDIS_URL")
-    scheme = urlsplit(url).scheme
+    scheme = _scheme(url, "REDIS_URL", "redis://host:6379/0")
     if scheme not in REDIS_SCHEMES:
         raise ConfigError(
             f"REDIS_URL={url!r}: scheme {scheme!r} is not one of {', '.join(REDIS_SCHEMES)}; "
@@ -106,7 +116,7 @@ def mongo_uri(settings: BaseSettings) -> str:
     uri = settings.get("MONGO_URI") or ""
     if not uri:
         return _embedded(settings, "mongo", "MONGO_URI")
-    scheme = urlsplit(uri).scheme
+    scheme = _scheme(uri, "MONGO_URI", "mongodb://host:27017")
     if scheme not in MONGO_SCHEMES:
         raise ConfigError(
             f"MONGO_URI={uri!r}: scheme {scheme!r} is not mongodb or mongodb+srv; "
@@ -115,12 +125,24 @@ def mongo_uri(settings: BaseSettings) -> str:
     return uri
 
 
+def mongo_database(settings: BaseSettings) -> str:
+    """``MONGO_DATABASE`` (default ``webfarm``), refused when MongoDB would refuse it: it
+    was said as "cannot reach" the server (``a.b``), or as the server's refusal."""
+    name = settings.get("MONGO_DATABASE") or "webfarm"
+    bad = "".join(sorted({c for c in str(name) if c in '/\\. "$\x00'}))
+    if bad or len(str(name).encode()) > 63:
+        why = f"it has {bad!r}" if bad else "it is over 63 bytes"
+        raise ConfigError(f"MONGO_DATABASE={name!r} is not a name MongoDB accepts ({why}); "
+                          "use letters, digits, _ and -, at most 63 bytes")
+    return str(name)
+
+
 def blob_uri(settings: BaseSettings) -> str:
     """``BLOB_STORE_URI``, or ``file://`` under the data folder."""
     uri = settings.get("BLOB_STORE_URI") or ""
     if not uri:
         return _embedded(settings, "blobs", "BLOB_STORE_URI")
-    scheme = urlsplit(uri).scheme
+    scheme = _scheme(uri, "BLOB_STORE_URI", "s3://bucket/prefix or file:///path")
     if scheme not in BLOB_SCHEMES:
         raise ConfigError(
             f"BLOB_STORE_URI={uri!r}: scheme {scheme!r} is not s3 or file; "
@@ -133,7 +155,7 @@ def locations(settings: BaseSettings) -> Locations:
     return Locations(
         redis_url=redis_url(settings),
         mongo_uri=mongo_uri(settings),
-        mongo_database=settings.get("MONGO_DATABASE") or "webfarm",
+        mongo_database=mongo_database(settings),
         blob_uri=blob_uri(settings),
         aws_endpoint_url=settings.get("AWS_ENDPOINT_URL") or None,
     )
@@ -241,7 +263,7 @@ def preflight(settings: BaseSettings, spider: str | None = None) -> Locations:
     redis = redis_url(settings)
     check_redis(redis, _where(settings, "REDIS_URL"), spider=spider)
     mongo = mongo_uri(settings)
-    database = settings.get("MONGO_DATABASE") or "webfarm"
+    database = mongo_database(settings)
     check_mongo(mongo, _where(settings, "MONGO_URI"), database=database)
     blobs = blob_uri(settings)
     endpoint = settings.get("AWS_ENDPOINT_URL") or None
@@ -256,7 +278,10 @@ def fleet_warning(settings: BaseSettings) -> str | None:
     ``BLOB_STORE_URI`` unset: the embedded server, the local folder). Other machines'
     workers and ``scrapy reparse`` elsewhere cannot read them, and a lost machine loses
     them. Read before :func:`apply` pins the resolved locations."""
-    host = urlsplit(settings.get("REDIS_URL") or "").hostname
+    try:
+        host = urlsplit(settings.get("REDIS_URL") or "").hostname
+    except ValueError:  # not a URL: preflight says so
+        return None
     if not host or host == "localhost" or _loopback(host):
         return None
     local = {"MONGO_URI": "index", "BLOB_STORE_URI": "raw pages"}

@@ -69,7 +69,7 @@ class StoredPages:
 
     def __init__(self, settings: BaseSettings) -> None:
         self.mongo = config.mongo_uri(settings)
-        self.index = IndexStore(self.mongo, settings.get("MONGO_DATABASE") or "webfarm")
+        self.index = IndexStore(self.mongo, config.mongo_database(settings))
         self.blobs: BlobStore = open_blob_store(
             config.blob_uri(settings), endpoint_url=settings.get("AWS_ENDPOINT_URL") or None,
             max_attempts=settings.getint("WEBFARM_S3_MAX_ATTEMPTS", 5))

@@ -82,9 +82,9 @@ class Command(ScrapyCommand):
         frontier = open_spider_frontier(settings, name, writes=not opts.dry_run)
         try:
             mongo_uri = config.mongo_uri(settings)
+            database = config.mongo_database(settings)
             config.check_mongo(mongo_uri, service_variable(settings, "MONGO_URI"),
-                               database=None if opts.dry_run else
-                               settings.get("MONGO_DATABASE") or "webfarm")
+                               database=None if opts.dry_run else database)
         except config.ConfigError as exc:
             raise CommandError(str(exc), BAD_CONFIG) from None
         fingerprinter = build_from_crawler(
@@ -92,7 +92,7 @@ class Command(ScrapyCommand):
         client: pymongo.MongoClient = pymongo.MongoClient(mongo_uri, tz_aware=True,
                                                           serverSelectionTimeoutMS=10_000)
         try:
-            pages = client[settings.get("MONGO_DATABASE") or "webfarm"]["pages"]
+            pages = client[database]["pages"]
             recrawler = Recrawler(pages, frontier, name, fingerprinter)
             result = recrawler.run(now=now, limit=opts.limit, dry_run=opts.dry_run)
         finally:

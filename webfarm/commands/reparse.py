@@ -138,15 +138,15 @@ class Command(ScrapyCommand):
         try:
             config.check_settings(settings)
             mongo = config.mongo_uri(settings)
-            config.check_mongo(mongo, database=None if opts.dry_run else
-                               settings.get("MONGO_DATABASE") or "webfarm")
+            database = config.mongo_database(settings)
+            config.check_mongo(mongo, database=None if opts.dry_run else database)
             blob_uri = config.blob_uri(settings)
             endpoint = settings.get("AWS_ENDPOINT_URL") or None
             config.check_blobs(blob_uri, endpoint)
             indexes = index_fields(settings)
         except config.ConfigError as exc:
             raise CommandError(str(exc), BAD_CONFIG) from None
-        index = IndexStore(mongo, settings.get("MONGO_DATABASE") or "webfarm")
+        index = IndexStore(mongo, database)
         reads = settings.getint("WEBFARM_BLOB_CONCURRENCY", 8)
         blobs = open_blob_store(blob_uri, endpoint_url=endpoint, max_connections=reads,
                                 max_attempts=settings.getint("WEBFARM_S3_MAX_ATTEMPTS", 5))
