@@ -116,8 +116,11 @@ def test_a_bad_allow_list_stops_the_worker_with_one_clear_line(web, stores):
     env = runner.env_for(**stores, WEBFARM_ALLOWED_NETWORKS="127.0.0.0/8,intranet")
     result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/"], env,
                            timeout=60)
-    assert result.returncode != 0
-    assert "WEBFARM_ALLOWED_NETWORKS entry 'intranet' is not a network" in result.output
+    assert result.returncode == 1 and "Traceback" not in result.output
+    said = [line for line in result.stderr.splitlines() if line.startswith("webfarm:")]
+    assert said == ["webfarm: WEBFARM_ALLOWED_NETWORKS entry 'intranet' is not a network; "
+                    "use comma-separated CIDRs such as 127.0.0.0/8,10.0.0.0/8"], result.stderr
+    assert "Spider opened" not in result.output and web.hits == []  # said before a start
     assert web.hits_for() == []
 
 

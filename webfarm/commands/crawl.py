@@ -24,6 +24,7 @@ from scrapy.settings import BaseSettings
 
 from webfarm import config
 from webfarm.commands._common import spider_settings
+from webfarm.netguard import NetGuard, NetGuardError
 from webfarm.refetch import RefetchConfigError, RefetchPolicy
 from webfarm.render import RenderConfigError
 
@@ -66,7 +67,7 @@ def crawl_watched(command: ScrapyCommand, spider: str | type, opts: argparse.Nam
 
 
 #: A component's refusal of a setting's value, raised as the crawl starts.
-SETTING_ERRORS = (config.ConfigError, RenderConfigError, RefetchConfigError)
+SETTING_ERRORS = (config.ConfigError, RenderConfigError, RefetchConfigError, NetGuardError)
 _SETTING_NAME = re.compile(r"[A-Z][A-Z0-9_]{2,}")
 
 
@@ -109,7 +110,8 @@ def prepare(settings: BaseSettings, spidercls: type | None, opts: argparse.Names
     try:
         loc = config.preflight(checked, name)
         RefetchPolicy.check(checked, spidercls)
-    except (config.ConfigError, RefetchConfigError) as exc:
+        NetGuard.from_settings(checked)  # a bad WEBFARM_ALLOWED_NETWORKS, before a server
+    except (config.ConfigError, RefetchConfigError, NetGuardError) as exc:
         print(f"webfarm: {exc}", file=sys.stderr)
         if settings.get("LOG_FILE"):  # scrapyd: the job's log must say why, too
             logging.getLogger(__name__).error("webfarm: %s", exc)
