@@ -58,10 +58,16 @@ def test_bad_location_fails_before_any_request(case, good, web, s3_server):
     ("MONGO_DATABASE", "crawl.v2", "MONGO_DATABASE='crawl.v2' is not a name MongoDB accepts "
      "(it has '.'); use letters, digits, _ and -, at most 63 bytes"),
     ("MONGO_DATABASE", "d" * 64, "is not a name MongoDB accepts (it is over 63 bytes)"),
+    # botocore's ValueError: a traceback
+    ("AWS_ENDPOINT_URL", "minio:9000", "AWS_ENDPOINT_URL='minio:9000' is not an http(s) URL; "
+     "use http://host:9000"),
+    ("AWS_ENDPOINT_URL", "http://[minio", "AWS_ENDPOINT_URL='http://[minio' is not a URL"),
 ])
 def test_a_location_that_is_no_url_or_name_is_one_line(good, variable, value, message):
     from scrapy.settings import Settings
 
+    if variable == "AWS_ENDPOINT_URL":
+        good = {**good, "BLOB_STORE_URI": "s3://pages/raw"}
     settings = Settings({**good, variable: value})
     with pytest.raises(ConfigError) as refused:
         config.preflight(settings)

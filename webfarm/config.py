@@ -221,6 +221,12 @@ def _refused(exc: Exception, uri: str, variable: str, database: str | None) -> s
 def check_blobs(uri: str, endpoint_url: str | None, variable: str = "BLOB_STORE_URI") -> None:
     from webfarm.blobstore import BlobStoreError, open_blob_store
 
+    if endpoint_url and uri.startswith("s3:"):  # botocore's ValueError was a traceback
+        example = "http://host:9000 (an S3-compatible server), or unset it for AWS"
+        scheme = _scheme(endpoint_url, "AWS_ENDPOINT_URL", example)
+        if scheme not in ("http", "https") or not urlsplit(endpoint_url).hostname:
+            raise ConfigError(f"AWS_ENDPOINT_URL={safe_url(endpoint_url)!r} is not an "
+                              f"http(s) URL; use {example}")
     try:
         open_blob_store(uri, endpoint_url=endpoint_url).check()
     except BlobStoreError as exc:
