@@ -8,6 +8,7 @@ import pymongo
 import pytest
 
 from webfarm.index import IndexStore
+from webfarm.urlcounts import count_ops
 from webfarm.urls import url_fingerprint
 
 
@@ -98,8 +99,8 @@ def test_a_count_another_worker_already_made_does_not_drop_the_batchs_others(sto
     store.record_pages([page("http://127.0.0.2:8081/p/1", h)])  # the content's first page
     two = {**page("http://127.0.0.2:8081/p/2", h), "fetch_id": "f2"}
     three = {**page("http://127.0.0.2:8081/p/3", h), "fetch_id": "f3"}
-    # B's re-issue of page 2's pending move, as IndexStore._count_ops makes it
-    store.contents.bulk_write(IndexStore._count_ops("f2", None, h))
+    # B's re-issue of page 2's pending move, as the index makes it
+    store.contents.bulk_write(count_ops("f2", None, h))
     store.record_pages([two, three])  # A read both pages as new, before B's count
     assert store.contents.find_one({"_id": h})["url_count"] == 3
     store.record_pages([two, three])  # a retry of A's batch changes nothing

@@ -23,11 +23,12 @@ from pipelines.index import IndexPipeline
 from webfarm.blobstore import FileBlobStore, blob_key
 from webfarm.config import ConfigError
 from webfarm.content import fingerprint
-from webfarm.index import APPLIED_KEEP, FixedRefetch, IndexStore, load_refetch_policy
+from webfarm.index import FixedRefetch, IndexStore, load_refetch_policy
 from webfarm.items import PageItem
 from webfarm.itemstore import ItemError, ItemStore, index_fields, make_entry
 from webfarm.s3store import S3BlobStore
 from webfarm.threads import StorageThreads
+from webfarm.urlcounts import APPLIED_KEEP
 from webfarm.urls import url_fingerprint
 
 HOST = "127.0.0.2:8081"

@@ -15,12 +15,8 @@ server's work per document.
 Exactly once under concurrency and retries: each page write is conditional on
 the ``fetch_count`` it was read with (an insert: on there being none), so of two
 workers writing one page, one gets a duplicate-key error and simply re-reads and
-writes again. A content's first page is counted by the content's insert;
-``url_count`` then moves by ``$inc`` guarded with the fetch's id
-(``contents.applied`` keeps the last 64), and a page remembers a move until it
-is counted (``counts_pending``; a write after a crash re-issues it), so a
-retried batch, a redelivered request or a worker killed between the two writes
-counts each URL once.
+writes again. ``url_count`` is counted once per URL by :mod:`webfarm.urlcounts`,
+whatever is retried or killed between the writes.
 
 A document the server refuses for good (a validator on ``pages`` or ``contents``, one
 too large) fails its page alone: its record says why (``PageRecord.refused``) and the
@@ -42,11 +38,11 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from webfarm import neardup
 from webfarm.bulkwrite import WriteOp, write_unordered
+from webfarm.urlcounts import CountMoves, count_ops, counted_by_insert, forget_orphans
 from webfarm.urls import canonical_url, url_fingerprint
 
 PAGE_INDEXES = ("content_hash", "host", "next_fetch_at", "spider")
 CONTENT_INDEXES = ("simhash_bands",)
-APPLIED_KEEP = 64  # recent fetch ids remembered per content (retried $inc are skipped)
 KNOWN_CONTENTS = 100_000  # content hash -> first page id, cached per store
 DEFAULT_REFETCH_POLICY = "webfarm.index.FixedRefetch"
 # Response headers kept in ``pages`` (re-parse rebuilds the response from them); never cookies.
@@ -231,12 +227,12 @@ class IndexStore:
         # 3. pages, each conditional on the version it was read at.
         ops: list[WriteOp] = []
         order: list[int] = []
-        counts: list[UpdateOne] = []
+        moves = CountMoves([])
         for i in batch:
             page, pid, b = pages[i], ids[i], before.get(ids[i])
             if b and b.get("counts_pending"):  # its last move may not have been counted
-                counts += self._count_ops(b["fetch_id"], b.get("prev_content_hash"),
-                                          b.get("content_hash"))
+                moves.pending += count_ops(b["fetch_id"], b.get("prev_content_hash"),
+                                           b.get("content_hash"))
             if b and b.get("fetch_id") == page["fetch_id"]:  # a retry of an applied write
                 records[i] = PageRecord(pid, False, False, False, b.get("duplicate_of"),
                                         b.get("near_duplicate_of"),
@@ -262,80 +258,23 @@ class IndexStore:
         for k, why in page_refused.items():
             records[order[k]] = replace(records[order[k]], new_page=False, changed=False,
                                         new_content=False, refused=f"pages: {why}")
-        # 4. url_count follows the pages that now hold (or left) a content. Guarded by the
-        # fetch id, so a re-issue (a retried batch; the next write after a crash) counts
-        # once; moves of this batch to one content are one update. Then the pages forget
-        # them: a content shared by many URLs keeps only the last 64 fetch ids, so a
-        # re-issue on every next write would count those pages twice.
+        # 4. url_count follows the pages that now hold (or left) a content
+        # (:mod:`webfarm.urlcounts`: counted once, whatever is retried).
         failed = set(conflicts) | {order[k] for k in page_refused}
-        fresh: dict[tuple[str, int], list[str]] = {}
-        moved: dict[str, str] = {}  # page id -> fetch id, for pages whose move is counted now
         for i in order:
             page, b = pages[i], before.get(ids[i])
             old, new = (b or {}).get("content_hash"), page["content_hash"]
             if i in failed or page.get("not_modified") or old == new:
                 continue
-            if self._counted_by_insert(b, contents.get(new), ids[i]):
-                continue
-            moved[ids[i]] = page["fetch_id"]
-            for content, step in ((new, 1), (old, -1)):
-                if content:
-                    fresh.setdefault((content, step), []).append(
-                        f"{'+' if step > 0 else '-'}{page['fetch_id']}")
-        for (content, step), tags in fresh.items():
-            counts.append(UpdateOne(
-                {"_id": content, "applied": {"$nin": tags}},
-                {"$inc": {"url_count": step * len(tags)},
-                 "$push": {"applied": {"$each": tags, "$slice": -APPLIED_KEEP}}},
-            ))
-        if counts:
-            matched = self.contents.bulk_write(counts, ordered=False).matched_count
-            if fresh and matched < len(counts):
-                # A group's guard found one of its tags applied: another worker re-issued
-                # that page's pending move between our page write and this count. The
-                # group's other moves would be lost with it; each goes again on its own,
-                # guarded by its tag.
-                self.contents.bulk_write([self._count_op(content, step, tag)
-                                          for (content, step), tags in fresh.items()
-                                          for tag in tags], ordered=False)
-        if moved:  # counted: the next write need not re-issue them (their tags may be gone)
-            self.pages.update_many(
-                {"_id": {"$in": list(moved)}, "fetch_id": {"$in": list(moved.values())}},
-                {"$set": {"counts_pending": False}})
-        self._forget_orphans(pages, [order[k] for k in page_refused], ids, inserted)
-        return conflicts
-
-    def _forget_orphans(self, pages: list[dict[str, Any]], refused: list[int],
-                        ids: dict[int, str], inserted: dict[str, str]) -> None:
-        """Delete the contents this batch inserted for pages the server then refused, so
-        ``url_count`` does not count a page that is not stored. Only while no other page
-        joined (``url_count`` 1); else its requeued page is counted by the insert, as now."""
-        orphans = [(h, ids[i]) for i in refused
+            if not counted_by_insert(b, contents.get(new), ids[i]):
+                moves.add(ids[i], page["fetch_id"], old, new)
+        moves.write(self.contents, self.pages)
+        orphans = [(h, ids[i]) for i in (order[k] for k in page_refused)
                    if (h := pages[i].get("content_hash")) and inserted.get(h) == ids[i]]
-        if orphans:
-            self.contents.delete_many({"$or": [{"_id": h, "first_page_id": pid, "url_count": 1}
-                                               for h, pid in orphans]})
-            for h, _ in orphans:
-                self._known.pop(h, None)
-
-    @staticmethod
-    def _counted_by_insert(b: dict[str, Any] | None, content: dict[str, Any] | None,
-                           pid: str) -> bool:
-        """The page holds its content first and had no document before: the content's
-        insert counted it (see :meth:`_content_doc`), so its move has nothing pending."""
-        return b is None and (content or {}).get("first_page_id") == pid
-
-    @classmethod
-    def _count_ops(cls, fetch_id: str, old: str | None, new: str | None) -> list[UpdateOne]:
-        return [cls._count_op(content, step, f"{'+' if step > 0 else '-'}{fetch_id}")
-                for content, step in ((new, 1), (old, -1)) if content]
-
-    @staticmethod
-    def _count_op(content: str, step: int, tag: str) -> UpdateOne:
-        """One page's move to (+1) or from (-1) ``content``, applied once per ``tag``."""
-        return UpdateOne({"_id": content, "applied": {"$ne": tag}},
-                         {"$inc": {"url_count": step},
-                          "$push": {"applied": {"$each": [tag], "$slice": -APPLIED_KEEP}}})
+        forget_orphans(self.contents, orphans)
+        for h, _ in orphans:
+            self._known.pop(h, None)
+        return conflicts
 
     def _read_contents(self, hashes: set[str]) -> dict[str, dict[str, Any]]:
         if not hashes:
@@ -445,7 +384,7 @@ class IndexStore:
                 fields["callback"] = page.get("callback")
                 fields["cb_kwargs"] = page.get("cb_kwargs")
             moved = ((b or {}).get("content_hash") != page["content_hash"]
-                     and not self._counted_by_insert(b, content, pid))
+                     and not counted_by_insert(b, content, pid))
             fields["counts_pending"] = moved
             fields["prev_content_hash"] = (b or {}).get("content_hash") if moved else None
             new_content = (content or {}).get("first_page_id") == pid and (
