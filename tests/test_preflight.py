@@ -53,6 +53,10 @@ def test_bad_location_fails_before_any_request(case, good, web, s3_server):
     ("MONGO_URI", "mongodb://u:secret@[db1", "MONGO_URI='mongodb://***@[db1' is not a URL "
      "(Invalid IPv6 URL); use mongodb://host:27017"),
     ("REDIS_URL", "redis://[::1/0", "REDIS_URL='redis://[::1/0' is not a URL"),
+    # a wrong scheme's line showed the password
+    ("REDIS_URL", "http://u:secret@r:1/0", "REDIS_URL='http://***@r:1/0': scheme 'http' is "),
+    ("MONGO_URI", "postgres://u:secret@m/x", "MONGO_URI='postgres://***@m/x': scheme "),
+    ("BLOB_STORE_URI", "ftp://u:secret@b/x", "BLOB_STORE_URI='ftp://***@b/x': scheme 'ftp'"),
     ("BLOB_STORE_URI", "s3://[b/x", "BLOB_STORE_URI='s3://[b/x' is not a URL"),
     # said as "cannot reach" a server that answered
     ("MONGO_DATABASE", "crawl.v2", "MONGO_DATABASE='crawl.v2' is not a name MongoDB accepts "
@@ -71,7 +75,7 @@ def test_a_location_that_is_no_url_or_name_is_one_line(good, variable, value, me
     settings = Settings({**good, variable: value})
     with pytest.raises(ConfigError) as refused:
         config.preflight(settings)
-    assert message in str(refused.value)
+    assert message in str(refused.value) and "secret" not in str(refused.value)
     assert config.fleet_warning(settings) is None  # read before preflight: no traceback
 
 

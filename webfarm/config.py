@@ -89,7 +89,8 @@ def redis_url(settings: BaseSettings) -> str:
     scheme = _scheme(url, "REDIS_URL", "redis://host:6379/0")
     if scheme not in REDIS_SCHEMES:
         raise ConfigError(
-            f"REDIS_URL={url!r}: scheme {scheme!r} is not one of {', '.join(REDIS_SCHEMES)}; "
+            f"REDIS_URL={safe_url(url)!r}: scheme {scheme!r} is not one of "
+            f"{', '.join(REDIS_SCHEMES)}; "
             "use redis://host:6379/0, or unset it for the embedded Valkey"
         )
     return url.replace("valkey", "redis", 1) if scheme.startswith("valkey") else url
@@ -119,7 +120,7 @@ def mongo_uri(settings: BaseSettings) -> str:
     scheme = _scheme(uri, "MONGO_URI", "mongodb://host:27017")
     if scheme not in MONGO_SCHEMES:
         raise ConfigError(
-            f"MONGO_URI={uri!r}: scheme {scheme!r} is not mongodb or mongodb+srv; "
+            f"MONGO_URI={safe_url(uri)!r}: scheme {scheme!r} is not mongodb or mongodb+srv; "
             "use mongodb://host:27017, or unset it for the embedded server"
         )
     return uri
@@ -145,7 +146,7 @@ def blob_uri(settings: BaseSettings) -> str:
     scheme = _scheme(uri, "BLOB_STORE_URI", "s3://bucket/prefix or file:///path")
     if scheme not in BLOB_SCHEMES:
         raise ConfigError(
-            f"BLOB_STORE_URI={uri!r}: scheme {scheme!r} is not s3 or file; "
+            f"BLOB_STORE_URI={safe_url(uri)!r}: scheme {scheme!r} is not s3 or file; "
             "use s3://bucket/prefix or file:///path, or unset it for the local folder"
         )
     return uri
