@@ -353,7 +353,10 @@ WEBFARM_ALERT_STALL_SECONDS = 300.0  # no fetch ended this long while work is qu
 
 # --- runtime -----------------------------------------------------------------
 TWISTED_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
-LOG_LEVEL = _env("WEBFARM_LOG_LEVEL", "INFO")
+LOG_LEVEL = _env("WEBFARM_LOG_LEVEL", "INFO").upper()
+if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):  # else a traceback
+    raise SystemExit(f"WEBFARM_LOG_LEVEL={LOG_LEVEL!r} (the environment) is not a log level "
+                     "(DEBUG, INFO, WARNING, ERROR or CRITICAL); unset it or give one")
 FEED_EXPORT_ENCODING = "utf-8"
 
 

@@ -79,6 +79,8 @@ def test_a_crawl_takes_the_environment_and_the_command_line_wins(web, stores):
                                                        "ITEM_PIPELINES"),
     ("WEBFARM_HOST_BUDGET", "-1", "WEBFARM_HOST_BUDGET=-1 is below 0; give a number, or 0 for "
                                   "no limit, in the environment variable WEBFARM_HOST_BUDGET"),
+    ("WEBFARM_LOG_LEVEL", "LOUD", "WEBFARM_LOG_LEVEL='LOUD' (the environment) is not a log "
+                                  "level (DEBUG, INFO, WARNING, ERROR or CRITICAL)"),
 ])
 def test_a_variable_that_does_not_read_stops_the_crawl_with_its_name(web, stores, variable,
                                                                       value, message):
