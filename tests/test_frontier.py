@@ -678,3 +678,13 @@ def test_a_worker_s_exchanges_are_counted_so_writes_redis_lost_show(frontier, cl
     assert link.exchange(pop=0).count == 4 and lost == [1]  # counted from there on
     frontier.release_worker("w1")  # a worker that stops leaves no count behind
     assert client.hget(frontier.prefix + "workers", "w1") is None
+    # A reset while the worker runs: its links may be gone with the seen set, so it sends
+    # them again as they are found, and says why.
+    other = FrontierLink(frontier, "w2", on_lost_writes=lambda: lost.append(2))
+    assert [other.exchange(pop=0).count for _ in range(2)] == [1, 2]
+    caplog.clear()
+    frontier.reset()
+    with caplog.at_level("WARNING", logger="webfarm.frontierlink"):
+        assert other.exchange(pop=0).count == 1
+    assert lost == [1, 2] and "or `scrapy frontier --reset` ran while this worker did" in (
+        caplog.text)

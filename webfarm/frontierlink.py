@@ -273,7 +273,8 @@ class FrontierLink:
         if result.count <= self._count:
             logger.warning(
                 "Redis lost this worker's last %d frontier exchanges (it restarted from an "
-                "older state, or failed over to a replica that lagged): the links they "
+                "older state, or failed over to a replica that lagged; or `scrapy frontier "
+                "--reset` ran while this worker did): the links they "
                 "pushed are queued again as pages that found them are fetched again, once "
                 "their leases expire (WEBFARM_LEASE_SECONDS); host delays are set again",
                 self._count - result.count + 1)
