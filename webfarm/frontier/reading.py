@@ -64,7 +64,8 @@ class FrontierReads:
         urls (admitted through the dupefilter so far: what the host budget counts).
 
         Walks every such host (for ``scrapy frontier``, not for the hot path), in script
-        calls of ``MAX_READ`` hosts: read whole, 200,000 hosts held Redis up for 100 ms.
+        calls of ``MAX_READ`` hosts (read whole, 200,000 hosts held Redis up for 59 ms in
+        one HMGET and 40 ms in one ZRANGE; now each call takes a few ms).
         """
         hosts: dict[str, dict[str, Any]] = {}
         for where in ("cool", "ready"):  # a host moved meanwhile: its 'ready' row wins
