@@ -60,7 +60,7 @@ class IndexPipeline:
         refetch: RefetchPolicy = load_refetch_policy(crawler)
         distance = settings.getint("WEBFARM_NEARDUP_DISTANCE", 3)
         store = IndexStore(
-            config.mongo_uri(settings), settings.get("MONGO_DATABASE") or "webfarm",
+            config.mongo_uri(settings), config.mongo_database(settings),
             refetch=refetch,
             neardup_distance=distance if settings.getbool("WEBFARM_NEARDUP", True) else -1,
         )

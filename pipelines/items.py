@@ -64,7 +64,7 @@ class ItemStorePipeline:
     def from_crawler(cls, crawler: Crawler) -> ItemStorePipeline:
         settings = crawler.settings
         store = ItemStore.open(config.mongo_uri(settings),
-                               settings.get("MONGO_DATABASE") or "webfarm",
+                               config.mongo_database(settings),
                                index_fields(settings))
         assert crawler.stats is not None
         return cls(crawler, store, crawler.stats, storage_calls(crawler), page_hasher(crawler),

@@ -254,7 +254,7 @@ class RecrawlExtension:
         self.server = redis_client(settings)
         self.client = pymongo.MongoClient(config.mongo_uri(settings), tz_aware=True,
                                           serverSelectionTimeoutMS=10_000)
-        pages = self.client[settings.get("MONGO_DATABASE") or "webfarm"]["pages"]
+        pages = self.client[config.mongo_database(settings)]["pages"]
         frontier = open_frontier(settings, spider.name, self.server)
         self.recrawler = Recrawler(pages, frontier, spider.name,
                                    self.crawler.request_fingerprinter, spider)
