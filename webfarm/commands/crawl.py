@@ -111,7 +111,7 @@ def prepare(settings: BaseSettings, spidercls: type | None, opts: argparse.Names
         loc = config.preflight(checked, name)
         RefetchPolicy.check(checked, spidercls)
         NetGuard.from_settings(checked)  # a bad WEBFARM_ALLOWED_NETWORKS, before a server
-    except (config.ConfigError, RefetchConfigError, NetGuardError) as exc:
+    except SETTING_ERRORS as exc:
         print(f"webfarm: {exc}", file=sys.stderr)
         if settings.get("LOG_FILE"):  # scrapyd: the job's log must say why, too
             logging.getLogger(__name__).error("webfarm: %s", exc)
