@@ -24,7 +24,7 @@ from scrapy.linkextractors import LinkExtractor
 
 from webfarm.config import whole_number
 from webfarm.items import ItemSource, PageItem, attach_source
-from webfarm.links import MAX_LINKS_PER_PAGE, extract_links
+from webfarm.links import MAX_LINKS_PER_PAGE, extract_links, has_anchors
 from webfarm.recrawl import GONE_STATUSES
 from webfarm.recrawl import META_KEY as RECRAWL
 from webfarm.render import check_render_arguments
@@ -262,7 +262,7 @@ class WebfarmSpider(scrapy.Spider):
             return
         if not page.not_modified:  # a 304 has no body to extract from
             yield from self.extracted(response, ItemSource(page.url, page=page))
-        if self.follow_links and self.under_page_limit and isinstance(response, TextResponse):
+        if self.follow_links and self.under_page_limit and has_anchors(response):
             yield from self.follow(response)
 
     webfarm_base_parse = parse  # pages sent to another callback: middlewares/sources.py

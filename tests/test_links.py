@@ -89,3 +89,25 @@ def test_another_kind_of_extractor_is_cut_after():
     links, more = extract_links(Listed(), page(500), 200)
     assert (len(links), more) == (200, True)
     assert extract_links(Listed(), page(200), 200)[1] is False
+
+
+@pytest.mark.parametrize("headers", [{"Content-Type": "application/json"}, {}])
+def test_a_json_page_is_stored_and_gives_no_links(headers):
+    # Scrapy makes a JsonResponse of application/json, and of a .json URL with no type;
+    # the link extractor failed on its selector, so the page's callback failed and an
+    # API link a site showed was dead-lettered.
+    from scrapy import Request
+    from scrapy.responsetypes import responsetypes
+
+    from webfarm.items import PageItem
+    from webfarm.render import needs_js
+
+    body = b'{"items": [{"href": "/p/1"}], "next": "<a href=\\"/p/2\\">2</a>"}'
+    cls = responsetypes.from_args(headers=headers, url=f"{BASE}/api/items.json", body=body)
+    url = f"{BASE}/api/items.json"
+    response = cls(url, headers=headers, body=body, request=Request(url))
+    assert type(response).__name__ == "JsonResponse"
+    crawl, _ = spider()
+    out = list(crawl.parse(response))
+    assert [type(o) for o in out] == [PageItem], out
+    assert needs_js(response) is None  # and the render ladder does not judge it

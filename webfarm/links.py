@@ -14,11 +14,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from scrapy.http import TextResponse
+from scrapy.http import JsonResponse, Response, TextResponse
 from scrapy.link import Link
 from scrapy.linkextractors.lxmlhtml import LxmlParserLinkExtractor
 
 MAX_LINKS_PER_PAGE = 10_000
+
+
+def has_anchors(response: Response) -> bool:
+    """Can a link extractor read ``response``? Text and markup can; JSON cannot: Scrapy
+    gives ``application/json`` (and a ``.json`` URL served with no type) a
+    ``JsonResponse``, whose selector's root is the decoded value, and the extractor
+    fails on it. A site's API link then failed the page's callback, and the page was
+    dead-lettered."""
+    return isinstance(response, TextResponse) and not isinstance(response, JsonResponse)
 
 
 def extract_links(extractor: Any, response: TextResponse, limit: int) -> tuple[list[Link], bool]:

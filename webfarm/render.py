@@ -23,6 +23,7 @@ from typing import Any
 from lxml import etree
 from scrapy.http import Response, TextResponse
 
+from webfarm.links import has_anchors
 from webfarm.urls import host_of, scope_host
 
 logger = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def visible_text_length(response: TextResponse) -> int:
 
 def judgeable(response: Response) -> bool:
     """Only a successful HTML page can tell whether it needed JavaScript."""
-    if response.status != 200 or not isinstance(response, TextResponse):
+    if response.status != 200 or not has_anchors(response):
         return False
     content_type = response.headers.get(b"Content-Type", b"").decode("latin-1").lower()
     return "html" in content_type or not content_type
