@@ -5,14 +5,16 @@ decompression, ``REDIRECT_MAX_TIMES``, ``DOWNLOAD_TIMEOUT``), but reports the
 outcome in ways the frontier cannot use: an oversized body is a bare
 ``DownloadCancelledError`` (which the frontier would retry five times), a
 decompression bomb and a redirect chain past the limit are plain
-``IgnoreRequest`` (acknowledged as if all went well), and a redirect loop
+``IgnoreRequest`` (acknowledged as if all went well), a redirect loop
 ``A → B → A`` silently ends when the frontier's dupefilter drops the second
-``A``. These drop-in subclasses of Scrapy's middlewares (same priorities, same
-settings) raise :class:`~webfarm.exceptions.DeadLetter` instead, so such a
-request is dead-lettered at once with its reason and counted under
-``webfarm/limits/``. Dripping servers hit ``DOWNLOAD_TIMEOUT`` and truncated
-bodies ``DOWNLOAD_FAIL_ON_DATALOSS``; both can be a passing network fault,
-so they stay with the retry policy (backoff, then the dead-letter queue).
+``A``, and a redirect to a URL the downloader cannot fetch (a bad port, a
+``user:password@``) failed at each of the frontier's tries. These drop-in
+subclasses of Scrapy's middlewares (same priorities, same settings) raise
+:class:`~webfarm.exceptions.DeadLetter` instead, so such a request is
+dead-lettered at once with its reason and counted under ``webfarm/limits/``.
+Dripping servers hit ``DOWNLOAD_TIMEOUT`` and truncated bodies
+``DOWNLOAD_FAIL_ON_DATALOSS``; both can be a passing network fault, so they stay
+with the retry policy (backoff, then the dead-letter queue).
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from w3lib.encoding import (
     resolve_encoding,
 )
 
+from webfarm.config import mask_credentials
 from webfarm.download import header_limit, headers_too_large
 from webfarm.exceptions import DeadLetter, RetryLater
-from webfarm.urls import canonical_url
+from webfarm.urls import canonical_url, unfetchable
 
 logger = logging.getLogger(__name__)
 PREFIX = "webfarm/limits"
@@ -103,7 +106,26 @@ class _DeadLetterRedirects:
     crawler: Any
     max_redirect_times: int
 
+    def process_response(self, request: Request, response: Response,
+                         spider: Spider | None = None) -> Request | Response:
+        try:
+            return super().process_response(request, response)  # type: ignore[misc]
+        except ValueError as exc:  # a target w3lib cannot parse: a bad port, a broken IPv6
+            location = response.headers.get(b"Location") or b"<meta refresh>"
+            raise self._unfetchable(request, location.decode("latin-1"), str(exc).lower()
+                                    ) from None
+
+    def _unfetchable(self, request: Request, target: str, why: str) -> DeadLetter:
+        """The downloader would fail on this redirect's target at every try."""
+        _inc(self.crawler, "redirect_unfetchable")
+        chain = [*request.meta.get("redirect_urls", []), request.url, target]
+        return DeadLetter(f"redirect to a URL that cannot be fetched ({why}): "
+                          + mask_credentials(_chain(chain)))
+
     def _redirect(self, redirected: Request, request: Request, reason: Any) -> Request:
+        why = unfetchable(redirected.url)
+        if why is not None:  # a user:password@, port 0
+            raise self._unfetchable(request, redirected.url, why)
         chain = [*request.meta.get("redirect_urls", []), request.url]
         seen = {canonical_url(u) for u in chain}
         if canonical_url(redirected.url) in seen:

@@ -22,13 +22,13 @@ from scrapy.crawler import Crawler
 from scrapy.http import Response, TextResponse
 from scrapy.linkextractors import LinkExtractor
 
-from webfarm.config import whole_number
+from webfarm.config import mask_credentials, whole_number
 from webfarm.items import ItemSource, PageItem, attach_source
 from webfarm.links import MAX_LINKS_PER_PAGE, extract_links, has_anchors
 from webfarm.recrawl import GONE_STATUSES
 from webfarm.recrawl import META_KEY as RECRAWL
 from webfarm.render import check_render_arguments
-from webfarm.urls import host_of, scope_host
+from webfarm.urls import host_of, scope_host, unfetchable
 
 logger = logging.getLogger(__name__)
 _PORTS = {"http": 80, "https": 443}
@@ -169,6 +169,9 @@ class WebfarmSpider(scrapy.Spider):
             spargs, spargs.get("start"), spargs.get("domains"))
         start = _split(spargs.get("start"))
         for url in start:
+            why = unfetchable(url)
+            if why is not None:
+                raise ValueError(f"start URL {mask_credentials(url)!r} cannot be fetched: {why}")
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValueError(f"start URL {url!r} is not an http(s) URL")

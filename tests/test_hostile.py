@@ -51,6 +51,10 @@ OTHER_ROUTES: dict[str, object] = {
     "/charset/unknown": h.legacy_page("text/html; charset=x-klingon"),
     "/charset/mislabelled": h.legacy_page("text/html; charset=iso-8859-1", "utf-8"),
     "/broken": Response.html(h.BROKEN_HTML),
+    # Redirects the downloader would fail on at every try (w3lib refuses the first two).
+    "/to/bad-port": Response(302, {"Location": "http://127.0.0.2:99999/x"}),
+    "/to/bad-ipv6": Response(302, {"Location": "http://[::1/x"}),
+    "/to/credentials": Response(302, {"Location": "http://user:secret@127.0.0.2/x"}),
     # Legal HTTP names MongoDB cannot take as field names, among 180 KB of headers.
     "/odd-headers": Response(200, {"Content-Type": "text/html", "X.Dotted": "1", "$Set": "2",
                                    **{f"X-Pad-{i}": "p" * 80 for i in range(2000)}},
@@ -120,7 +124,7 @@ def test_oversized_bodies_and_compression_bombs(web, bombs_ready, stores):
 def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
     starts = ["/loop/a", "/loop/self", "/endless/0", "/drip", "/truncated", "/charset/utf8",
               "/charset/missing", "/charset/wrong", "/charset/unknown", "/charset/mislabelled",
-              "/broken", "/odd-headers"]
+              "/broken", "/odd-headers", "/to/bad-port", "/to/bad-ipv6", "/to/credentials"]
     base, result, dead, pages, growth = crawl(web, OTHER_ROUTES, starts, stores)
     reasons = {url[len(base):]: d["reason"] for url, d in dead.items()}
 
@@ -142,7 +146,14 @@ def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
     assert cut["reason"].startswith(f"gave up after {RETRIES} attempts"), cut
     assert "DataLoss" in cut["reason"], cut
     assert len(web.hits_for(host=base, path="/truncated")) == RETRIES
-    assert len(dead) == 5, sorted(reasons)
+    # A redirect to a URL that cannot be fetched is dead-lettered at once, saying why.
+    for path, why in [("/to/bad-port", "port out of range"), ("/to/bad-ipv6", "invalid ipv6"),
+                      ("/to/credentials", "a user:password@ in the URL")]:
+        assert reasons[path].startswith(f"redirect to a URL that cannot be fetched ({why}"), (
+            reasons[path])
+        assert len(web.hits_for(host=base, path=path)) == 1
+    assert "secret" not in reasons["/to/credentials"] and "secret" not in result.output
+    assert len(dead) == 8, sorted(reasons)
 
     # Wrong, missing and unknown charsets: stored, and decoded to the same text as the
     # correctly labelled page (same content hash: the index sees one content).

@@ -73,8 +73,11 @@ def test_each_rule_has_its_setting_and_0_turns_it_off():
 
 
 def trap_page(info: RequestInfo) -> Response:
-    """Every path under /trap/ is the same page, linking a relative ``shop/``."""
-    return Response.html('<html><body><a href="shop/">shop</a></body></html>')
+    """Every path under /trap/ is the same page, linking a relative ``shop/``, a URL with
+    a user:password, which Scrapy's downloader fails on at every try, and a JSON API."""
+    creds = f"http://user:secret@{info.netloc}/trap/creds"
+    return Response.html(f'<html><body><a href="shop/">shop</a><a href="{creds}">in</a>'
+                         '<a href="/api.json">API</a></body></html>')
 
 
 def deep_page(info: RequestInfo) -> Response:
@@ -87,6 +90,8 @@ def test_a_crawl_into_two_traps_ends_after_a_few_pages(web, stores):
     base = web.base_urls[0]
     web.route("/trap/", trap_page, host=base)
     web.route("/deep/", deep_page, host=base)
+    web.route("/api.json", Response(200, {"Content-Type": "application/json"},
+                                    b'{"html": "<a href=\\"/trap/\\">x</a>"}'), host=base)
     result = runner.scrapy(
         ["crawl", "generic", "-a", f"start={base}/trap/,{base}/deep/",
          "-s", "WEBFARM_MAX_PATH_SEGMENTS=6", "-s", "LOG_LEVEL=INFO"],
@@ -99,8 +104,17 @@ def test_a_crawl_into_two_traps_ends_after_a_few_pages(web, stores):
     assert crawlcheck.stat(result.output, "webfarm/traps/repeated_path") == 1
     assert crawlcheck.stat(result.output, "webfarm/traps/deep_path") == 1
     assert result.output.count("a crawler trap; further such links") == 1  # one host
-    # The trap's copies are one content: stored once as a blob, the rest duplicates.
+    # The user:password link is not queued (it failed 5 times, then was dead-lettered),
+    # said once for the host, with its password masked.
+    assert crawlcheck.stat(result.output, "webfarm/frontier/unfetchable") == 3  # 3 pages
+    assert result.output.count("a user:password@ in the URL, which Scrapy does not") == 1
+    assert "secret" not in result.output
+    assert crawlcheck.dead_letters(stores["REDIS_URL"]) == {}
+    # The JSON page is stored, with no links taken from it; its callback failed before,
+    # and it was dead-lettered.
     pages = crawlcheck.pages(stores)
+    assert pages[base + "/api.json"]["status"] == 200
+    # The trap's copies are one content: stored once as a blob, the rest duplicates.
     copies = [pages[base + p] for p in ("/trap/", "/trap/shop/", "/trap/shop/shop/")]
     assert len({p["content_hash"] for p in copies}) == 1
 

@@ -218,3 +218,37 @@ def test_scope_host_spells_hosts_as_urls_spell_them(given: str, expected: str) -
 def test_scope_host_refuses_what_is_not_a_host_and_says_what_to_give(given, message) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         scope_host(given)
+
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("http://shop.test:99999/a", "port out of range 0-65535"),
+    ("http://[::1/a", "invalid ipv6 url"),
+    ("https://shop.test:http/", "port could not be cast to integer value as 'http'"),
+    ("http://user:pw@shop.test/a", "a user:password@ in the URL"),
+    ("http://token@shop.test/a", "a user:password@ in the URL"),
+    ("http:///a", "no host"),
+    ("http://shop.test:0/", "port 0"),
+    ("http://shop.test:8080/a?b=c#d", None),
+    ("https://[2001:db8::1]:8443/", None),
+    ("HTTP://Shop.Test/", None),
+    ("ftp://shop.test:99999/", None),  # another scheme: its handler's business
+])
+def test_unfetchable_says_why_scrapys_downloader_would_fail_every_time(url, why) -> None:
+    # Such a link or redirect was fetched, failed with ValueError and a traceback, and was
+    # retried WEBFARM_RETRY_TIMES times before it reached the dead letters.
+    from webfarm.urls import unfetchable
+
+    got = unfetchable(url)
+    assert (got is None) if why is None else (got or "").startswith(why), got
+
+
+def test_a_start_url_that_cannot_be_fetched_is_refused_at_start() -> None:
+    from spiders.generic import GenericSpider
+
+    with pytest.raises(ValueError, match=r"'http://127.0.0.2:99999/' cannot be fetched: "
+                                         "port out of range"):
+        GenericSpider.check_arguments(start="http://127.0.0.2:99999/")
+    with pytest.raises(ValueError, match=r"'http://\*\*\*@shop.test/' cannot be fetched: a "
+                                         "user:password@") as refused:
+        GenericSpider.check_arguments(start="http://me:secret@shop.test/")
+    assert "secret" not in str(refused.value)

@@ -11,7 +11,9 @@ import logging
 from scrapy import Request
 from scrapy.statscollectors import StatsCollector
 
+from webfarm.config import mask_credentials
 from webfarm.frontier import Frontier
+from webfarm.hostmemory import RecentHosts
 from webfarm.redisconn import REDIS_ERRORS
 from webfarm.urls import bare_host
 
@@ -45,6 +47,21 @@ def slot_not_used(request: Request, host: str) -> bool:
         "DOWNLOAD_SLOTS entry per host name); to slow the hosts of that group, give each "
         "of them a DOWNLOAD_SLOTS entry (said once)", request, slot)
     return True
+
+
+def url_not_queued(request: Request, why: Exception, said: RecentHosts[None]) -> None:
+    """A link or start URL the downloader would fail on at every try (a bad port, a
+    broken IPv6 literal, a ``user:password@``) is dropped; the first of each host is said,
+    as a crawler trap's links are, since a hostile page can hold thousands."""
+    netloc = request.url.partition("//")[2].partition("/")[0].rpartition("@")[2].lower()
+    if netloc in said:
+        return
+    said.add(netloc)
+    referer = request.headers.get("Referer")
+    found = f" (found on {referer.decode('latin-1')})" if referer else ""
+    logger.warning("Not queued %s%s: %s; further such URLs of %s are only counted "
+                   "(webfarm/frontier/unfetchable)", mask_credentials(str(request)), found,
+                   why, netloc)
 
 
 def _is_address(text: object) -> bool:

@@ -25,7 +25,7 @@ from webfarm import serialize
 from webfarm.frontier import Entry, Frontier
 from webfarm.hostmemory import RecentHosts, host_memory_size
 from webfarm.redisconn import redis_client
-from webfarm.urls import bare_host, host_of
+from webfarm.urls import bare_host, host_of, unfetchable
 
 DUPEFILTER_MODES = {"bloom", "set"}
 #: meta key: the frontier's lease of a request it handed out (it alone acknowledges,
@@ -183,6 +183,11 @@ def request_dict(request: Request, spider: Spider | None) -> dict[str, Any]:
     return d
 
 
+class UnfetchableURL(serialize.SerializationError):
+    """A request Scrapy's downloader fails on at every try (:func:`~webfarm.urls.unfetchable`):
+    never queued, so that it is not fetched, retried and dead-lettered by each worker."""
+
+
 def request_entry(request: Request, spider: Spider | None, fingerprinter: Any,
                   fingerprint: bytes | None = None, callback: str | None = None,
                   cb_kwargs: str | None = None, max_bytes: int = 0) -> Entry:
@@ -192,6 +197,9 @@ def request_entry(request: Request, spider: Spider | None, fingerprinter: Any,
     ``cb_kwargs`` as a page stored them, ``serialize.dumps_value``). An entry's JSON over
     ``max_bytes`` (0: no limit) is refused: Redis holds every queued entry in memory."""
     _refuse_proxy_credentials(request)
+    why = unfetchable(request.url)
+    if why is not None:
+        raise UnfetchableURL(f"it cannot be fetched: {why}")
     data = request_dict(request, spider)
     if callback:  # checked against the spider by the worker that decodes it
         data["callback"] = callback

@@ -59,7 +59,12 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 
 from webfarm import signals as wf_signals
-from webfarm.advice import cookies_not_sent, explain_nothing_fetched, slot_not_used
+from webfarm.advice import (
+    cookies_not_sent,
+    explain_nothing_fetched,
+    slot_not_used,
+    url_not_queued,
+)
 from webfarm.config import whole_number
 from webfarm.dupefilter import RecentFingerprints
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped
@@ -72,6 +77,7 @@ from webfarm.queue import (
     LEASE,
     LOCAL,
     SlotDelays,
+    UnfetchableURL,
     decode_request,
     open_frontier,
     request_entry,
@@ -100,6 +106,7 @@ class Scheduler(BaseScheduler):
         self._slots = SlotDelays(settings)
         self._cookies_said = settings.getbool("COOKIES_ENABLED")  # nothing to say then
         self._slot_said = False
+        self._unfetchable_said: RecentHosts[None] = RecentHosts(host_memory_size(settings))
         self.flush_interval = settings.getfloat("WEBFARM_FLUSH_INTERVAL", 0.5)
         self.max_entry_bytes = whole_number(settings, "WEBFARM_MAX_ENTRY_BYTES", 1 << 20,
                                             "bytes", "no limit")
@@ -236,6 +243,10 @@ class Scheduler(BaseScheduler):
         try:
             entry = request_entry(request, self.spider, self.crawler.request_fingerprinter,
                                   fingerprint, max_bytes=self.max_entry_bytes)
+        except UnfetchableURL as exc:
+            self._inc("webfarm/frontier/unfetchable")
+            url_not_queued(request, exc, self._unfetchable_said)
+            return False
         except SerializationError as exc:
             logger.error("Cannot queue %s: %s", request, exc)
             self._inc("webfarm/frontier/unserializable")

@@ -45,6 +45,7 @@ __all__ = [
     "canonical_url",
     "host_of",
     "request_fingerprint",
+    "unfetchable",
     "url_fingerprint",
 ]
 
@@ -200,6 +201,31 @@ def host_of(url: str) -> str:
         # Same spelling as canonical_url (punycode, normalised IPv6), so the keys agree.
         return urlsplit(canonical_url(url, ())).netloc.rpartition("@")[2]
     return _drop_default_port(parts.scheme.lower(), hostport.lower())
+
+
+def unfetchable(url: str) -> str | None:
+    """Why Scrapy's HTTP download handler fails on the http(s) ``url`` at every try, or
+    None (other schemes are their handlers' business).
+
+    A port past 65535, a broken IPv6 literal or a ``user:password@`` raised ValueError at
+    each download, so a link or a redirect to one was retried ``WEBFARM_RETRY_TIMES``
+    times, with a traceback, before it reached the dead letters. Scrapy never sends a
+    URL's credentials; a spider's ``http_user`` and ``http_pass`` are its way."""
+    try:
+        parts = urlsplit(url.strip())
+        if parts.scheme.lower() not in ("http", "https"):
+            return None
+        port = parts.port
+    except ValueError as exc:
+        return str(exc).lower()  # "port out of range 0-65535", "invalid ipv6 url"
+    if "@" in parts.netloc:
+        return ("a user:password@ in the URL, which Scrapy does not send; give the spider "
+                "http_user and http_pass")
+    if not parts.hostname:
+        return "no host"
+    if port == 0:
+        return "port 0"
+    return None
 
 
 def bare_host(host: str) -> str:

@@ -38,6 +38,7 @@ from webfarm.commands._common import (
     report,
     spider_class,
 )
+from webfarm.config import mask_credentials
 from webfarm.frontier import MAX_PUSH, Entry, Frontier
 from webfarm.queue import request_entry
 from webfarm.serialize import SerializationError
@@ -213,7 +214,8 @@ def _progress(name: str, total: int) -> Callable[[int], None]:
 def _checked(url: str, where: str) -> str:
     url = url.strip()
     if not is_http_url(url):
-        raise CommandError(f"{where}: {url[:200]!r} is not an http(s) URL (nothing was enqueued)")
+        raise CommandError(f"{where}: {mask_credentials(url[:200])!r} is not an http(s) URL "
+                           "(nothing was enqueued)")
     return url
 
 
@@ -286,7 +288,7 @@ def make_entries(urls: Iterable[str], priority: int, fingerprinter: Any,
         try:
             entry = request_entry(Request(url, priority=priority), None, fingerprinter)
         except (ValueError, SerializationError) as exc:
-            raise CommandError(f"cannot queue {url[:200]!r}: {exc}") from None
+            raise CommandError(f"cannot queue {mask_credentials(url[:200])!r}: {exc}") from None
         key = int.from_bytes(entry.fingerprint[:8], "big")
         if key in met:
             counts["repeated"] += 1
