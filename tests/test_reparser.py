@@ -410,6 +410,9 @@ def test_progress_lines_every_n_pages_or_none(index, blobs):
     ("progress_every", -1, "--progress-every -1: give 0 (no progress lines) or more"),
     ("batch_size", 0, "--batch-size 0: give 1 or more"),
     ("show_changes", -2, "--show-changes -2: give 0 (none) or more"),
+    # It was ignored without a word: a re-parse that writes logs no changes.
+    ("dry_run", False, "--show-changes 10 goes with --dry-run, which logs what a re-parse "
+                       "would change"),
 ])
 def test_reparse_counts_out_of_range_are_one_line(flag, value, message):
     import argparse
@@ -418,6 +421,18 @@ def test_reparse_counts_out_of_range_are_one_line(flag, value, message):
     from webfarm.commands.reparse import check_counts
 
     opts = argparse.Namespace(**{"progress_every": 500, "batch_size": 200, "show_changes": 10,
-                                 flag: value})
+                                 "dry_run": True, flag: value})
     with pytest.raises(CommandError, match=re.escape(message)):
         check_counts(opts)
+
+
+def test_reparse_shows_ten_changes_by_default_and_only_with_dry_run():
+    import argparse
+
+    from webfarm.commands.reparse import check_counts
+
+    for dry_run in (True, False):
+        opts = argparse.Namespace(progress_every=500, batch_size=200, show_changes=None,
+                                  dry_run=dry_run)
+        check_counts(opts)
+        assert opts.show_changes == 10

@@ -89,3 +89,27 @@ def test_a_variable_that_does_not_read_stops_the_crawl_with_its_name(web, stores
     assert result.returncode == 1 and "Traceback" not in result.output, result.output[-2000:]
     assert message in result.stderr, result.stderr[-2000:]
     assert web.hits == []
+
+
+def test_a_log_level_on_the_command_line_is_upper_cased_or_refused_in_one_line(stores):
+    """``-L debug`` and ``-s LOG_LEVEL=LOUD`` went to ``logging`` as given: Scrapy's
+    traceback (``ValueError: Unknown level``) before any output, for every command that
+    starts a crawler."""
+    from scrapy.exceptions import UsageError
+    from scrapy.settings import Settings
+
+    from webfarm.commands._common import check_log_level
+
+    settings = Settings({"LOG_LEVEL": "INFO"})
+    settings.set("LOG_LEVEL", " debug", priority="cmdline")
+    check_log_level(settings)
+    assert settings["LOG_LEVEL"] == "DEBUG" and settings.getpriority("LOG_LEVEL") == 40
+    with pytest.raises(UsageError, match="LOG_LEVEL='LOUD' is not a log level; give DEBUG"):
+        check_log_level(Settings({"LOG_LEVEL": "LOUD"}))
+    for args in (["crawl", "generic", "-a", "start=http://127.0.0.2:1/"], ["reparse", "generic"],
+                 ["fetch", "http://127.0.0.2:1/"]):
+        result = runner.scrapy([*args, "-L", "loud"], runner.env_for(**stores), 60)
+        assert result.returncode == 2 and "Traceback" not in result.output, result.output
+        assert result.stderr.splitlines()[-1].endswith(
+            ": error: LOG_LEVEL='loud' is not a log level; give DEBUG, INFO, WARNING, ERROR or "
+            "CRITICAL"), result.stderr[-2000:]

@@ -6,12 +6,14 @@ Not a command itself (it defines no ScrapyCommand), so Scrapy lists nothing for 
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
+from scrapy.exceptions import UsageError
 from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings
 from scrapy.spiderloader import get_spider_loader
 
@@ -32,6 +34,20 @@ class CommandError(Exception):
     def __init__(self, message: str, code: int = BAD_INPUT) -> None:
         super().__init__(message)
         self.code = code
+
+
+def check_log_level(settings: BaseSettings) -> None:
+    """``-L debug`` or ``-s LOG_LEVEL=debug`` upper-cased, as ``WEBFARM_LOG_LEVEL`` is; a
+    level that is none a UsageError (one line, exit code 2). Scrapy handed it to
+    ``logging`` as it came, whose ValueError was a traceback before any output."""
+    level = settings.get("LOG_LEVEL")
+    if isinstance(level, int):
+        return
+    name = str(level).strip().upper()
+    if not isinstance(logging.getLevelName(name), int):  # the name's number, if it is one
+        raise UsageError(f"LOG_LEVEL={level!r} is not a log level; give DEBUG, INFO, WARNING, "
+                         "ERROR or CRITICAL", print_help=False)
+    settings.set("LOG_LEVEL", name, priority=settings.getpriority("LOG_LEVEL") or 0)
 
 
 def report(command: Any, exc: CommandError) -> None:

@@ -24,6 +24,7 @@ from w3lib.url import is_url
 from webfarm.commands._common import (
     BAD_CONFIG,
     CommandError,
+    check_log_level,
     report,
     spider_class,
     spider_settings,
@@ -45,6 +46,7 @@ class LocalScheduling:
 
     def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
         super().process_options(args, opts)  # type: ignore[misc]
+        check_log_level(self.settings)
         for name, value in self.local.items():
             if (self.settings.getpriority(name) or 0) < SETTINGS_PRIORITIES["cmdline"]:
                 self.settings.set(name, value, priority="cmdline")

@@ -23,13 +23,17 @@ from scrapy.commands.crawl import Command as ScrapyCrawlCommand
 from scrapy.settings import BaseSettings
 
 from webfarm import config
-from webfarm.commands._common import spider_settings
+from webfarm.commands._common import check_log_level, spider_settings
 from webfarm.netguard import NetGuard, NetGuardError
 from webfarm.refetch import RefetchConfigError, RefetchPolicy
 from webfarm.render import RenderConfigError
 
 
 class Command(ScrapyCrawlCommand):
+    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
+        super().process_options(args, opts)
+        check_log_level(self.settings)
+
     def short_desc(self) -> str:
         return "Run a webfarm worker for a spider (checks Redis, MongoDB and blobs first)"
 

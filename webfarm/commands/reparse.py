@@ -25,7 +25,13 @@ from scrapy.utils.misc import load_object
 from webfarm import config
 from webfarm.batching import StorageUnavailable, batch_options
 from webfarm.blobstore import open_blob_store
-from webfarm.commands._common import BAD_CONFIG, CommandError, report, spider_class
+from webfarm.commands._common import (
+    BAD_CONFIG,
+    CommandError,
+    check_log_level,
+    report,
+    spider_class,
+)
 from webfarm.index import IndexStore
 from webfarm.itemstore import ItemStore, index_fields
 from webfarm.reparse import Reparser, ReparseStats
@@ -33,6 +39,7 @@ from webfarm.reparsepages import shard_range
 from webfarm.reparsepipes import PipelineNeedsReactor, ProjectPipelines
 
 logger = logging.getLogger("webfarm.reparse")
+SHOW_CHANGES = 10  # changed items a --dry-run logs field by field, unless told
 STOPPED = 3  # a store stayed down past WEBFARM_STORAGE_RETRY_SECONDS, or Ctrl-C
 
 
@@ -58,7 +65,13 @@ def parse_since(value: str) -> dt.datetime:
 
 def check_counts(opts: argparse.Namespace) -> None:
     """The numeric options, refused out of range: they were taken as 1 (a progress line
-    for every page after ``--progress-every 0``)."""
+    for every page after ``--progress-every 0``). ``--show-changes`` without ``--dry-run``
+    was ignored without a word: a run that writes logs no field-by-field changes."""
+    if opts.show_changes is not None and not opts.dry_run:
+        raise CommandError(f"--show-changes {opts.show_changes} goes with --dry-run, which logs "
+                           "what a re-parse would change and writes nothing; a re-parse that "
+                           "writes counts its changes only")
+    opts.show_changes = SHOW_CHANGES if opts.show_changes is None else opts.show_changes
     for flag, value, least, zero in (
             ("--progress-every", opts.progress_every, 0, "0 (no progress lines)"),
             ("--batch-size", opts.batch_size, 1, "1"),
@@ -93,11 +106,12 @@ class Command(ScrapyCommand):
         parser.add_argument("--dry-run", action="store_true",
                             help="write nothing: count what a run would create and change, "
                                  "and log the first changed items field by field")
-        parser.add_argument("--show-changes", type=int, default=10, metavar="N",
-                            help="with --dry-run, changed items to log (default 10)")
+        parser.add_argument("--show-changes", type=int, metavar="N",
+                            help=f"with --dry-run, changed items to log (default {SHOW_CHANGES})")
 
     def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
         super().process_options(args, opts)
+        check_log_level(self.settings)
         try:
             opts.spargs = arglist_to_dict(opts.spargs)
         except ValueError:

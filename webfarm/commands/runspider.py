@@ -14,10 +14,15 @@ from scrapy.commands.runspider import Command as ScrapyRunSpiderCommand
 from scrapy.commands.runspider import _import_file
 from scrapy.utils.spider import iter_spider_classes
 
+from webfarm.commands._common import check_log_level
 from webfarm.commands.crawl import crawl_watched, prepare
 
 
 class Command(ScrapyRunSpiderCommand):
+    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
+        super().process_options(args, opts)
+        check_log_level(self.settings)
+
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None
         spidercls = self._spider_class(args)
