@@ -75,3 +75,18 @@ def test_genspider_site_writes_a_spider_and_a_passing_offline_test(project):
     assert "already exists" in again.stdout and spider.read_text() == source
     listing = run([str(BIN / "scrapy"), "genspider", "-l"], project).stdout.split()
     assert {"site", "basic", "crawl"} <= set(listing)
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("my shop", "use letters, digits, _ and - (e.g. my_shop)"),
+    ("class", "'class' is a Python keyword, which no module may be named; e.g. class_site"),
+])
+def test_a_name_no_module_can_take_is_refused_and_the_project_still_loads(project, name, why):
+    """``my shop`` wrote ``spiders/my shop.py`` with ``class My shopSpider``: a SyntaxError
+    in every later command of the project, ``scrapy crawl`` and scrapyd's included."""
+    made = run([str(BIN / "scrapy"), "genspider", "-t", "site", name, "shop.example"], project)
+    assert made.returncode == 2, made.stdout + made.stderr
+    assert made.stderr.strip().splitlines()[-1] == f"webfarm: cannot name a spider {name!r}: {why}"
+    assert not (project / "spiders" / f"{name}.py").exists()
+    listed = run([str(BIN / "scrapy"), "list"], project)
+    assert listed.returncode == 0 and "generic" in listed.stdout.split(), listed.stderr[-2000:]

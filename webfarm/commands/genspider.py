@@ -11,15 +11,33 @@ first, then in Scrapy's (``-t basic`` and friends keep working).
 from __future__ import annotations
 
 import argparse
+import keyword
+import re
 import string
+import sys
 from pathlib import Path
 from typing import Any
 
 import scrapy
 from scrapy.commands.genspider import Command as ScrapyGenspiderCommand
+from scrapy.commands.genspider import sanitize_module_name
 from scrapy.utils.conf import closest_scrapy_cfg
 
 SCRAPY_TEMPLATES = Path(scrapy.__path__[0], "templates", "spiders")
+
+
+def module_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot give a spider module and classes, or None. Scrapy's genspider
+    writes any name: ``my shop`` gave ``spiders/my shop.py`` with ``class My shopSpider``,
+    a SyntaxError that stopped every command of the project (the spider loader imports
+    each module), and ``class`` gave a module its test cannot import."""
+    module = sanitize_module_name(name) if name else ""
+    if not module.isidentifier():
+        return ("use letters, digits, _ and - (e.g. "
+                f"{re.sub(r'[^0-9A-Za-z_-]+', '_', name).strip('_') or 'my_site'})")
+    if keyword.iskeyword(module):
+        return f"{module!r} is a Python keyword, which no module may be named; e.g. {module}_site"
+    return None
 
 
 class Command(ScrapyGenspiderCommand):
@@ -28,6 +46,12 @@ class Command(ScrapyGenspiderCommand):
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         self._force = bool(opts.force)
+        if len(args) == 2 and not opts.list and not opts.dump:
+            why = module_name_problem(args[0])
+            if why:
+                print(f"webfarm: cannot name a spider {args[0]!r}: {why}", file=sys.stderr)
+                self.exitcode = 2
+                return
         super().run(args, opts)
 
     def _template_dirs(self) -> list[Path]:
