@@ -57,6 +57,16 @@ ARGUMENTS = ("start", "start_urls", "domains", "allowed_domains", "max_pages", "
              "render_check")
 
 
+#: Spider attributes Scrapy's components read, which Scrapy deprecates for these settings.
+SCRAPY_ATTRIBUTES = {
+    "download_delay": "DOWNLOAD_DELAY", "max_concurrent_requests": "CONCURRENT_REQUESTS_PER_DOMAIN",
+    "user_agent": "USER_AGENT", "http_user": "HTTPAUTH_USER", "http_pass": "HTTPAUTH_PASS",
+    "http_auth_domain": "HTTPAUTH_DOMAIN", "download_timeout": "DOWNLOAD_TIMEOUT",
+    "download_maxsize": "DOWNLOAD_MAXSIZE", "download_warnsize": "DOWNLOAD_WARNSIZE",
+    "handle_httpstatus_list": "HTTPERROR_ALLOWED_CODES",
+}
+
+
 def _taken(cls: type) -> set[str]:
     """The argument names ``cls`` reads: the base's and its ``__init__``'s parameters."""
     params = inspect.signature(cls.__init__).parameters.values()
@@ -70,11 +80,16 @@ def _check_names(cls: type, spargs: dict[str, Any], strict: bool = False) -> Non
     nothing reads. Scrapy sets an unknown ``-a`` as an attribute for the spider's own
     code, so a class attribute or ``__init__`` parameter of that name is left alone
     (unless ``strict``: ``-a follow_links=false`` would set a string, which is true), and
-    so are ``_``-names (scrapyd's ``_job``)."""
+    so are ``_``-names (scrapyd's ``_job``). ``strict`` names the setting of a Scrapy
+    spider attribute such as ``user_agent``."""
     taken = _taken(cls)
     for name in spargs:
         if name in taken or name.startswith("_") or (hasattr(cls, name) and not strict):
             continue
+        if strict and name in SCRAPY_ATTRIBUTES:  # -a user_agent=..., as Scrapy users write
+            raise ValueError(f"-a {name}: {cls.name} takes Scrapy's setting for it instead, "
+                             f"-s {SCRAPY_ATTRIBUTES[name]}=VALUE (Scrapy deprecates the "
+                             "spider attribute)")
         close = difflib.get_close_matches(name, sorted(taken), n=1, cutoff=0.75)
         if close:
             own = ("" if strict else f" (a spider that reads {name!r} itself declares it: "

@@ -163,6 +163,12 @@ def test_a_spiders_own_arguments_pass_and_a_near_miss_of_the_base_ones_is_refuse
     ("depth", "-a depth: no such argument; generic takes -a start, domains, max_pages"),
     # one of its attributes: Scrapy would set the string "false", which is true
     ("follow_links", "-a follow_links: no such argument; generic takes -a start, domains"),
+    # Scrapy's spider attributes: their settings, which Scrapy reads now, are named.
+    ("user_agent", "-a user_agent: generic takes Scrapy's setting for it instead, "
+                   "-s USER_AGENT=VALUE (Scrapy deprecates the spider attribute)"),
+    ("download_delay", "-a download_delay: generic takes Scrapy's setting for it instead, "
+                       "-s DOWNLOAD_DELAY=VALUE"),
+    ("http_pass", "-s HTTPAUTH_PASS=VALUE"),
 ])
 def test_generic_refuses_any_argument_it_does_not_read(name, message):
     from spiders.generic import GenericSpider

@@ -62,7 +62,7 @@ def test_genspider_site_writes_a_spider_and_a_passing_offline_test(project):
 
     pytest_cmd = [str(BIN / "pytest"), "-q", "-p", "no:cacheprovider", str(test)]
     passed = run(pytest_cmd, project)
-    assert passed.returncode == 0 and "2 passed" in passed.stdout, passed.stdout[-3000:]
+    assert passed.returncode == 0 and "3 passed" in passed.stdout, passed.stdout[-3000:]
 
     # The generated test checks the page: a page that changed makes it fail.
     page.write_text(page.read_text().replace("<h1>Example page", "<h1>Another page"))

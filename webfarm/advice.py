@@ -53,6 +53,7 @@ def url_not_queued(request: Request, why: Exception, said: RecentHosts[None]) ->
     """A link or start URL the downloader would fail on at every try (a bad port, a
     broken IPv6 literal, a ``user:password@``) is dropped; the first of each host is said,
     as a crawler trap's links are, since a hostile page can hold thousands."""
+    # By hand: urlsplit() raises on some of these URLs (a broken IPv6 literal).
     netloc = request.url.partition("//")[2].partition("/")[0].rpartition("@")[2].lower()
     if netloc in said:
         return

@@ -59,12 +59,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 
 from webfarm import signals as wf_signals
-from webfarm.advice import (
-    cookies_not_sent,
-    explain_nothing_fetched,
-    slot_not_used,
-    url_not_queued,
-)
+from webfarm.advice import cookies_not_sent, explain_nothing_fetched, slot_not_used, url_not_queued
 from webfarm.config import whole_number
 from webfarm.dupefilter import RecentFingerprints
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped

@@ -210,7 +210,7 @@ def unfetchable(url: str) -> str | None:
     A port past 65535, a broken IPv6 literal or a ``user:password@`` raised ValueError at
     each download, so a link or a redirect to one was retried ``WEBFARM_RETRY_TIMES``
     times, with a traceback, before it reached the dead letters. Scrapy never sends a
-    URL's credentials; a spider's ``http_user`` and ``http_pass`` are its way."""
+    URL's credentials; its ``HTTPAUTH_*`` settings are its way."""
     try:
         parts = urlsplit(url.strip())
         if parts.scheme.lower() not in ("http", "https"):
@@ -219,8 +219,8 @@ def unfetchable(url: str) -> str | None:
     except ValueError as exc:
         return str(exc).lower()  # "port out of range 0-65535", "invalid ipv6 url"
     if "@" in parts.netloc:
-        return ("a user:password@ in the URL, which Scrapy does not send; give the spider "
-                "http_user and http_pass")
+        return ("a user:password@ in the URL, which Scrapy does not send; set HTTPAUTH_USER, "
+                "HTTPAUTH_PASS and HTTPAUTH_DOMAIN")
     if not parts.hostname:
         return "no host"
     if port == 0:
