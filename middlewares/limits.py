@@ -36,7 +36,7 @@ from w3lib.encoding import (
 
 from webfarm.config import mask_credentials
 from webfarm.download import header_limit, headers_too_large
-from webfarm.exceptions import DeadLetter, RetryLater
+from webfarm.exceptions import DeadLetter, RetryLater, error_text
 from webfarm.urls import canonical_url, unfetchable
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,8 @@ def _inc(crawler: Any, key: str) -> None:
 class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
     """Scrapy's decompression (bounded by ``DOWNLOAD_MAXSIZE``), plus: a body over the
     limit, on the wire or once inflated, is dead-lettered, never retried; so are headers
-    over ``WEBFARM_MAX_HEADER_BYTES`` (:mod:`webfarm.download`)."""
+    over ``WEBFARM_MAX_HEADER_BYTES`` (:mod:`webfarm.download`) and a body that does not
+    decode as its ``Content-Encoding`` says."""
 
     def __init__(self, stats: Any = None, *, crawler: Crawler | None = None) -> None:
         super().__init__(stats, crawler=crawler)
@@ -79,6 +80,13 @@ class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
                 f"{response.headers.get('Content-Encoding', b'').decode('latin-1')} inflated "
                 f"past {limit} B ({cause.decompressed_size} B so far)"
             ) from None
+        except Exception as exc:  # noqa: BLE001 - gzip, zlib, brotli and zstd raise their own
+            # A body its Content-Encoding does not decode: the same at every try. Scrapy
+            # logs it with a traceback and gives up; the frontier retried it.
+            _inc(self.crawler, "undecodable")
+            encoding = response.headers.get("Content-Encoding", b"").decode("latin-1")
+            raise DeadLetter(f"body does not decode as Content-Encoding {encoding!r}: "
+                             f"{error_text(exc)}", error=error_text(exc)) from None
 
     def process_exception(
         self, request: Request, exception: BaseException, spider: Spider | None = None

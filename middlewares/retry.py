@@ -43,7 +43,7 @@ from scrapy.utils.misc import load_object
 from scrapy.utils.response import response_status_message
 
 from webfarm import signals as wf_signals
-from webfarm.exceptions import RetryLater
+from webfarm.exceptions import RetryLater, error_text
 from webfarm.outcomes import retry_here
 from webfarm.queue import LEASE, allowed_attempts
 from webfarm.urls import host_of
@@ -141,7 +141,7 @@ class FrontierRetryMiddleware:
                 and not request.meta.get("dont_retry")):
             if LEASE not in request.meta:  # None: Scrapy's "Error downloading" after
                 return retry_here(self.crawler, request, exception, self.attempts)
-            error = f"{type(exception).__name__}: {exception}"
+            error = error_text(exception)
             raise RetryLater(f"network error: {error}", error=error) from exception
         return None
 

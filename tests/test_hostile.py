@@ -55,6 +55,11 @@ OTHER_ROUTES: dict[str, object] = {
     "/to/bad-port": Response(302, {"Location": "http://127.0.0.2:99999/x"}),
     "/to/bad-ipv6": Response(302, {"Location": "http://[::1/x"}),
     "/to/credentials": Response(302, {"Location": "http://user:secret@127.0.0.2/x"}),
+    # Bodies their Content-Encoding does not decode; a status line that is not HTTP.
+    "/enc/gzip": Response(200, {"Content-Type": "text/html", "Content-Encoding": "gzip"},
+                          b"not gzip at all"),
+    "/enc/br": Response(200, {"Content-Type": "text/html", "Content-Encoding": "br"}, b"nope"),
+    "/bad-status": h.raw(b"HTTP/1.1 abc Weird\r\nContent-Length: 2\r\n\r\nhi"),
     # Legal HTTP names MongoDB cannot take as field names, among 180 KB of headers.
     "/odd-headers": Response(200, {"Content-Type": "text/html", "X.Dotted": "1", "$Set": "2",
                                    **{f"X-Pad-{i}": "p" * 80 for i in range(2000)}},
@@ -124,7 +129,8 @@ def test_oversized_bodies_and_compression_bombs(web, bombs_ready, stores):
 def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
     starts = ["/loop/a", "/loop/self", "/endless/0", "/drip", "/truncated", "/charset/utf8",
               "/charset/missing", "/charset/wrong", "/charset/unknown", "/charset/mislabelled",
-              "/broken", "/odd-headers", "/to/bad-port", "/to/bad-ipv6", "/to/credentials"]
+              "/broken", "/odd-headers", "/to/bad-port", "/to/bad-ipv6", "/to/credentials",
+              "/enc/gzip", "/enc/br", "/bad-status"]
     base, result, dead, pages, growth = crawl(web, OTHER_ROUTES, starts, stores)
     reasons = {url[len(base):]: d["reason"] for url, d in dead.items()}
 
@@ -153,7 +159,17 @@ def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
             reasons[path])
         assert len(web.hits_for(host=base, path=path)) == 1
     assert "secret" not in reasons["/to/credentials"] and "secret" not in result.output
-    assert len(dead) == 8, sorted(reasons)
+    # A body that does not decode is the same at every try: dead-lettered at once (it was
+    # retried, with a traceback in the log); a broken status line may be a network fault:
+    # retried, and the reason names Twisted's error, not the repr of a list of Failures.
+    assert reasons["/enc/gzip"] == ("body does not decode as Content-Encoding 'gzip': "
+                                    "BadGzipFile: Not a gzipped file (b'no')"), reasons
+    assert reasons["/enc/br"].startswith("body does not decode as Content-Encoding 'br': ")
+    assert [len(web.hits_for(host=base, path=p)) for p in ("/enc/gzip", "/enc/br")] == [1, 1]
+    assert reasons["/bad-status"] == (
+        f"gave up after {RETRIES} attempts: network error: DownloadFailedError: ParseError: "
+        "('non-integer status code', b'HTTP/1.1 abc Weird')"), reasons
+    assert len(dead) == 11, sorted(reasons)
 
     # Wrong, missing and unknown charsets: stored, and decoded to the same text as the
     # correctly labelled page (same content hash: the index sees one content).

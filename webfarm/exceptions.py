@@ -52,3 +52,20 @@ class ItemError(ValueError):
     """An item that cannot be stored as declared; the message says what to fix. Fetching
     the page again gives the same item, so a crawl dead-letters its page at once (it can
     be requeued with ``scrapy dlq SPIDER --requeue`` once the spider or collection is fixed)."""
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` of a download error, as dead letters and retries record it.
+
+    Twisted's ``ResponseFailed`` (which Scrapy's ``DownloadFailedError`` wraps) holds a
+    list of Failures, whose repr was the whole message: ``[<twisted.python.failure.Failure
+    twisted.web._newclient.ParseError: ...>]``. Each of those is its own ``Type: message``
+    here."""
+    reasons = getattr(exc, "reasons", None) or getattr(exc.__cause__, "reasons", None)
+    if isinstance(reasons, list):
+        inner = "; ".join(f"{type(r.value).__name__}: {r.value}" for r in reasons
+                          if isinstance(getattr(r, "value", None), BaseException))
+        if inner:
+            return f"{type(exc).__name__}: {inner}"
+    return f"{type(exc).__name__}: {exc}"
+

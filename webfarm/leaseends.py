@@ -27,7 +27,7 @@ from scrapy.settings import BaseSettings
 from twisted.internet.defer import succeed
 from twisted.python.failure import Failure
 
-from webfarm.exceptions import DeadLetter, ItemError, RetryLater
+from webfarm.exceptions import DeadLetter, ItemError, RetryLater, error_text
 from webfarm.frontier import Frontier, backoff
 from webfarm.outcomes import OutputHandler, given_up, retry_reason
 from webfarm.queue import ATTEMPTS, LEASE, allowed_attempts, request_attempts
@@ -96,7 +96,7 @@ class LeaseEnds:
             self.link.acks.append(lease)  # robots.txt disallows it...: a normal end
             self._inc("webfarm/frontier/acked")
         elif exc is not None:
-            error = f"{type(exc).__name__}: {exc}"
+            error = error_text(exc)
             self._retry(lease, request, f"download failed: {error}", None, None, error,
                         retry_reason(exc))
         elif failed is not None and failed[0] == "spider":

@@ -138,6 +138,19 @@ def truncated(declared: int = 10_000, sent: int = 200) -> Handler:
     return lambda info: writer
 
 
+def raw(data: bytes) -> Handler:
+    """Sends ``data`` as it is, status line and headers included, and closes."""
+
+    def writer(h: BaseHTTPRequestHandler) -> None:
+        try:
+            h.wfile.write(data)
+            h.wfile.flush()
+        except _HANGUP:
+            pass
+
+    return lambda info: writer
+
+
 LEGACY_TEXT = ("<html><head><title>Café</title></head><body><h1>Café crème</h1>"
                "<p>Crème brûlée, naïve façade, 5 € — «voilà»</p></body></html>")
 
