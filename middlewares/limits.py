@@ -36,7 +36,7 @@ from w3lib.encoding import (
 
 from webfarm.config import mask_credentials
 from webfarm.download import header_limit, headers_too_large
-from webfarm.exceptions import DeadLetter, RetryLater, error_text
+from webfarm.exceptions import DeadLetter, RetryLater, Unreadable, error_text
 from webfarm.urls import canonical_url, unfetchable
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
             limit = request.meta.get("download_maxsize", self._max_size)
             _inc(self.crawler, "too_big")
             _inc(self.crawler, "too_big/decompressed")
-            raise DeadLetter(
+            raise Unreadable(
                 f"body over DOWNLOAD_MAXSIZE after decompression: {len(response.body)} B "
                 f"{response.headers.get('Content-Encoding', b'').decode('latin-1')} inflated "
                 f"past {limit} B ({cause.decompressed_size} B so far)"
@@ -85,7 +85,7 @@ class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
             # logs it with a traceback and gives up; the frontier retried it.
             _inc(self.crawler, "undecodable")
             encoding = response.headers.get("Content-Encoding", b"").decode("latin-1")
-            raise DeadLetter(f"body does not decode as Content-Encoding {encoding!r}: "
+            raise Unreadable(f"body does not decode as Content-Encoding {encoding!r}: "
                              f"{error_text(exc)}", error=error_text(exc)) from None
 
     def process_exception(
@@ -94,7 +94,7 @@ class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
         if (too_large := headers_too_large(exception)) is not None:
             _inc(self.crawler, "too_big")
             _inc(self.crawler, "too_big/headers")
-            raise DeadLetter(str(too_large))
+            raise Unreadable(str(too_large))
         if not isinstance(exception, DownloadCancelledError):
             return None
         message = str(exception)
@@ -104,7 +104,7 @@ class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
         limit = request.meta.get("download_maxsize", self._max_size)
         _inc(self.crawler, "too_big")
         detail = message.split(" in request ")[0] if message else "cut off while downloading"
-        raise DeadLetter(f"body over DOWNLOAD_MAXSIZE ({limit} B): {detail}")
+        raise Unreadable(f"body over DOWNLOAD_MAXSIZE ({limit} B): {detail}")
 
 
 class _DeadLetterRedirects:

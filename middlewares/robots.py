@@ -62,7 +62,7 @@ from twisted.internet.task import deferLater
 
 from middlewares.retry import parse_retry_after
 from webfarm import signals as wf_signals
-from webfarm.exceptions import DeadLetter, RetryLater
+from webfarm.exceptions import DeadLetter, RetryLater, Unreadable
 from webfarm.queue import host_delay
 from webfarm.redisconn import close_client, crawl_redis_client
 from webfarm.robots import (
@@ -367,6 +367,8 @@ class RobotsMiddleware:
                 response: Response = await self.crawler.engine.download_async(request)
             except RetryLater as exc:  # e.g. the host is deferred by a Retry-After
                 return Fetched("unreachable", error=exc.reason, retry_after=exc.delay)
+            except Unreadable as exc:  # too large, undecodable: the file cannot be read
+                return Fetched("unreachable", error=f"{url}: {exc.reason}")
             except DeadLetter as exc:
                 if hop == 0:  # the origin itself is refused (SSRF guard, ...): so are its pages
                     return Fetched("refused", error=exc.reason, dead=exc)

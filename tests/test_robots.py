@@ -262,6 +262,11 @@ def test_robots_500_holds_every_request_until_it_heals_404_allows_all(web, store
     def robots(info):
         if healed.is_set():
             return Response.text("User-agent: *\nDisallow: /private/\n")
+        if len(web.hits_for(host=base, path="/robots.txt")) % 2:
+            # Every other try, a file that cannot be read: unreachable too, not a reason
+            # to dead-letter the host's pages (as the SSRF guard's refusal is).
+            return Response(200, {"Content-Type": "text/plain", "Content-Encoding": "gzip"},
+                            b"not gzip")
         return Response.text("down for maintenance", status=500)
 
     web.route("/robots.txt", robots, host=base)

@@ -27,6 +27,13 @@ class DeadLetter(IgnoreRequest):
         self.error = error
 
 
+class Unreadable(DeadLetter):
+    """A response the worker cannot read (a body over ``DOWNLOAD_MAXSIZE``, inflated or
+    not, one its ``Content-Encoding`` does not decode, headers without end): a page is
+    dead-lettered; a robots.txt is "unreachable" (RFC 9309), its host's pages held, not
+    dead-lettered with a reason about another file."""
+
+
 class RetryLater(IgnoreRequest):
     """Fetch this request again later, through the frontier.
 
