@@ -85,8 +85,9 @@ class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
             # logs it with a traceback and gives up; the frontier retried it.
             _inc(self.crawler, "undecodable")
             encoding = response.headers.get("Content-Encoding", b"").decode("latin-1")
-            raise Unreadable(f"body does not decode as Content-Encoding {encoding!r}: "
-                             f"{error_text(exc)}", error=error_text(exc)) from None
+            error = error_text(exc)
+            raise Unreadable(f"body does not decode as Content-Encoding {encoding!r}: {error}",
+                             error=error) from None
 
     def process_exception(
         self, request: Request, exception: BaseException, spider: Spider | None = None

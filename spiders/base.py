@@ -189,7 +189,7 @@ class WebfarmSpider(scrapy.Spider):
                 raise ValueError(f"start URL {mask_credentials(url)!r} cannot be fetched: {why}")
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f"start URL {url!r} is not an http(s) URL")
+                raise ValueError(f"start URL {mask_credentials(url)!r} is not an http(s) URL")
         raw = spargs.get("max_pages")
         try:
             max_pages = int(raw or 0)

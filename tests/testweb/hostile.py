@@ -129,26 +129,22 @@ def truncated(declared: int = 10_000, sent: int = 200) -> Handler:
 
     def writer(h: BaseHTTPRequestHandler) -> None:
         _head(h, 200, {"Content-Type": HTML, "Content-Length": str(declared)})
-        try:
-            h.wfile.write(body)
-            h.wfile.flush()
-        except _HANGUP:
-            pass
+        _write(h, body)
 
     return lambda info: writer
 
 
 def raw(data: bytes) -> Handler:
     """Sends ``data`` as it is, status line and headers included, and closes."""
+    return lambda info: functools.partial(_write, data=data)
 
-    def writer(h: BaseHTTPRequestHandler) -> None:
-        try:
-            h.wfile.write(data)
-            h.wfile.flush()
-        except _HANGUP:
-            pass
 
-    return lambda info: writer
+def _write(h: BaseHTTPRequestHandler, data: bytes) -> None:
+    try:
+        h.wfile.write(data)
+        h.wfile.flush()
+    except _HANGUP:
+        pass
 
 
 LEGACY_TEXT = ("<html><head><title>Café</title></head><body><h1>Café crème</h1>"
