@@ -70,6 +70,10 @@ class BlobStorePipeline:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> BlobStorePipeline:
         settings = crawler.settings
+        # A bad value is refused before the store is opened (which creates the default
+        # blob folder and may start the embedded services).
+        recent = config.whole_number(settings, "WEBFARM_RECENT_BLOBS", 100_000, "keys",
+                                     "none remembered")
         store = open_blob_store(
             config.blob_uri(settings), endpoint_url=settings.get("AWS_ENDPOINT_URL") or None,
             max_attempts=settings.getint("WEBFARM_S3_MAX_ATTEMPTS", 5),
@@ -79,9 +83,7 @@ class BlobStorePipeline:
         assert crawler.stats is not None
         return cls(store, crawler.stats, storage_calls(crawler),
                    settings.getint("WEBFARM_BLOB_CONCURRENCY", 8),
-                   settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", RETRY_SECONDS),
-                   config.whole_number(settings, "WEBFARM_RECENT_BLOBS", 100_000, "keys",
-                                       "none remembered"))
+                   settings.getfloat("WEBFARM_STORAGE_RETRY_SECONDS", RETRY_SECONDS), recent)
 
     async def close_spider(self) -> None:
         await self.batcher.flush()

@@ -18,6 +18,19 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def the_checkout_stays_clean() -> Iterator[None]:
+    """No test starts embedded services or writes blobs in the checkout's ``.webfarm/``:
+    a test that resolved the default locations left a Valkey running there after the
+    suite. Each test gives its own (``stores``, ``data_dir``)."""
+    data = Path(__file__).resolve().parent.parent / ".webfarm"
+    existed = data.exists()
+    yield
+    if not existed and data.exists():
+        pytest.fail(f"a test created {data} (its default locations): give it stores of its "
+                    "own; stop what runs there with `scrapy services down`")
+
+
 @pytest.fixture(scope="session")
 def valkey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.Server]:
     server = servers.valkey(tmp_path_factory.mktemp("valkey")).start()

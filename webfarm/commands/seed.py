@@ -43,7 +43,7 @@ from webfarm.frontier import MAX_PUSH, Entry, Frontier
 from webfarm.queue import request_entry
 from webfarm.serialize import SerializationError
 from webfarm.sitemaps import MAX_URLS, SitemapError, SitemapReader, is_http_url, start_url
-from webfarm.urls import bare_host, host_of, within_domains
+from webfarm.urls import bare_host, host_of, unfetchable, within_domains
 
 PROGRESS_EVERY = 100_000  # URLs between two progress lines of a long seed
 
@@ -212,10 +212,15 @@ def _progress(name: str, total: int) -> Callable[[int], None]:
 
 
 def _checked(url: str, where: str) -> str:
+    """``url`` stripped, or a CommandError before any frontier is opened."""
     url = url.strip()
+    shown = mask_credentials(url[:200])
     if not is_http_url(url):
-        raise CommandError(f"{where}: {mask_credentials(url[:200])!r} is not an http(s) URL "
-                           "(nothing was enqueued)")
+        raise CommandError(f"{where}: {shown!r} is not an http(s) URL (nothing was enqueued)")
+    why = unfetchable(url)
+    if why is not None:
+        raise CommandError(f"{where}: {shown!r} cannot be fetched: {why} (nothing was "
+                           "enqueued)")
     return url
 
 
