@@ -75,4 +75,3 @@ def error_text(exc: BaseException) -> str:
         if inner:
             return f"{type(exc).__name__}: {inner}"
     return f"{type(exc).__name__}: {exc}"
-
