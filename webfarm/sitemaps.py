@@ -31,6 +31,8 @@ from urllib.parse import urlsplit, urlunsplit
 import lxml.etree
 from scrapy.utils.sitemap import Sitemap, sitemap_urls_from_robots
 
+from webfarm.urls import unfetchable
+
 MAX_BYTES = 50 * 1024 * 1024  # the sitemaps.org limit for one uncompressed sitemap
 MAX_DEPTH = 3  # sitemap index -> sitemap index -> ... -> sitemap
 MAX_SITEMAPS = 1000
@@ -55,13 +57,14 @@ class SitemapResult:
 
 
 def is_http_url(url: str) -> bool:
-    """An absolute ``http(s)://host…`` URL (what a worker can fetch)."""
+    """An absolute ``http(s)://host…`` URL that a worker can fetch (no bad port, no
+    ``user:password@``: :func:`~webfarm.urls.unfetchable`)."""
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a bad port
     except ValueError:
         return False
-    return parts.scheme in ("http", "https") and bool(parts.hostname) and " " not in url
+    return (parts.scheme in ("http", "https") and " " not in url
+            and unfetchable(url) is None)
 
 
 def start_url(value: str) -> tuple[str, bool]:

@@ -136,7 +136,7 @@ class Command(ScrapyCommand):
                 skipped += result.skipped
             sitemap_note = f", {documents} sitemap documents read"
             if skipped:
-                sitemap_note += f", {skipped} non-http(s) locations skipped"
+                sitemap_note += f", {skipped} locations skipped (not http(s), or unfetchable)"
         fingerprinter = build_from_crawler(
             load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler
         )
@@ -215,12 +215,12 @@ def _checked(url: str, where: str) -> str:
     """``url`` stripped, or a CommandError before any frontier is opened."""
     url = url.strip()
     shown = mask_credentials(url[:200])
-    if not is_http_url(url):
-        raise CommandError(f"{where}: {shown!r} is not an http(s) URL (nothing was enqueued)")
     why = unfetchable(url)
     if why is not None:
         raise CommandError(f"{where}: {shown!r} cannot be fetched: {why} (nothing was "
                            "enqueued)")
+    if not is_http_url(url):
+        raise CommandError(f"{where}: {shown!r} is not an http(s) URL (nothing was enqueued)")
     return url
 
 
