@@ -214,13 +214,11 @@ def _progress(name: str, total: int) -> Callable[[int], None]:
 def _checked(url: str, where: str) -> str:
     """``url`` stripped, or a CommandError before any frontier is opened."""
     url = url.strip()
-    shown = mask_credentials(url[:200])
-    why = unfetchable(url)
-    if why is not None:
-        raise CommandError(f"{where}: {shown!r} cannot be fetched: {why} (nothing was "
-                           "enqueued)")
-    if not is_http_url(url):
-        raise CommandError(f"{where}: {shown!r} is not an http(s) URL (nothing was enqueued)")
+    if not is_http_url(url):  # it asks unfetchable() too; its reason is said when it has one
+        why = unfetchable(url)
+        problem = f"cannot be fetched: {why}" if why else "is not an http(s) URL"
+        raise CommandError(f"{where}: {mask_credentials(url[:200])!r} {problem} "
+                           "(nothing was enqueued)")
     return url
 
 
