@@ -97,6 +97,9 @@ WEBFARM_MAX_ENTRY_BYTES = 1 << 20
 # Retry-After and the latency rule can only make it longer).
 WEBFARM_HOST_DELAY = 1.0
 WEBFARM_LEASE_SECONDS = 600.0
+# Seconds a due host outside a worker's allowed_domains (another crawl's, in the spider's
+# shared frontier) waits for a worker of its own before this one takes it and gives it back.
+WEBFARM_OFFSITE_WAIT = 60.0
 WEBFARM_RETRY_TIMES = 5  # attempts before a request goes to the dead-letter queue
 WEBFARM_RETRY_BACKOFF_BASE = 2.0  # seconds; full jitter over base * 2**attempt
 WEBFARM_RETRY_BACKOFF_MAX = 600.0

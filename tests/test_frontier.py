@@ -124,6 +124,34 @@ def test_defer_host_only_moves_later(frontier: Frontier) -> None:
     assert frontier.pop("w") is None
 
 
+def test_a_worker_kept_to_its_hosts_takes_another_crawl_s_only_when_none_took_them(
+        client: redis.Redis) -> None:
+    """Two ``scrapy crawl generic`` runs with other hosts share the spider's frontier: each
+    took the other's due hosts, gave them back (offsite), and some became dead letters."""
+    theirs = ["b.test:8080", "xa.test", "[::2]:81"]  # xa.test is no subdomain of a.test
+    ours = ["a.test:8080", "www.a.test", "[::1]:8080"]
+    mine = Frontier(client, "spider", default_delay=0)
+    mine.keep_to(["A.test", "[::1]", "bad name"], wait=0.6)
+    mine.push([entry(h, "1") for h in theirs])
+    time.sleep(0.1)  # their hosts have been due longer than ours
+    mine.push([entry(h, "1") for h in ours])
+    assert sorted(mine.pop("w1").host for _ in ours) == sorted(ours)
+    assert mine.pop("w1") is None
+    assert 0.3 < mine.last_ready_in <= 0.5  # when theirs have waited 0.6 s
+    # Their own worker takes one in time; the others are this worker's after the wait.
+    other = Frontier(client, "spider", default_delay=0)
+    other.keep_to(["b.test"], wait=0.6)
+    assert other.pop("w2").host == "b.test:8080" and other.pop("w2") is None
+    t0 = time.monotonic()
+    late = sorted(wait_until(lambda: mine.pop("w1")).host for _ in range(2))
+    assert late == ["[::2]:81", "xa.test"] and time.monotonic() - t0 > 0.3
+    # A worker with no hosts of its own (no allowed_domains) takes every host as it is due.
+    anyone = Frontier(client, "spider", default_delay=0)
+    anyone.keep_to([], wait=0.6)
+    anyone.push([entry("c.test", "1")])
+    assert anyone.pop("w3").host == "c.test"
+
+
 def test_lease_expiry_gives_the_entry_back(client: redis.Redis) -> None:
     f = Frontier(client, "spider", default_delay=0, lease_seconds=0.2)
     f.push([entry("h.test", "1")])

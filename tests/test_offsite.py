@@ -13,7 +13,7 @@ from tests.testweb import Response, TestWeb
 
 HOSTS = ("127.0.0.17", "127.0.0.18")
 FAST = ["-s", "WEBFARM_RETRY_TIMES=2", "-s", "WEBFARM_RETRY_BACKOFF_BASE=0.05",
-        "-s", "WEBFARM_RETRY_BACKOFF_MAX=0.1"]
+        "-s", "WEBFARM_RETRY_BACKOFF_MAX=0.1", "-s", "WEBFARM_OFFSITE_WAIT=0.3"]
 
 
 def fetched(web: TestWeb, base: str) -> list[str]:
@@ -50,6 +50,27 @@ def test_seeded_pages_outside_a_worker_s_hosts_wait_for_a_worker_that_takes_them
         assert fetched(web, other) == ["/page-0", "/page-1", "/page-2"]
     db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
     assert sorted(d["url"] for d in db.pages.find()) == sorted(pages[mine] + pages[other])
+
+
+def test_two_generic_crawls_at_once_each_fetch_their_own_pages_only(stores, tmp_path):
+    """Each took the other's due host while its own waited out its delay, and gave the
+    page back; after WEBFARM_RETRY_TIMES such tries it was a dead letter (58 of 757
+    pages with three crawls at once, by hand)."""
+    with TestWeb(hosts=HOSTS, categories=1, products_per_category=4) as web:
+        env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0.1")
+        procs = [runner.popen(["crawl", "generic", "-a", f"start={base}/", "-s",
+                               "WEBFARM_RETRY_TIMES=2"], env, tmp_path / f"{i}.log")
+                 for i, base in enumerate(web.base_urls)]
+        for proc in procs:
+            assert proc.wait(timeout=120) == 0
+        logs = [(tmp_path / f"{i}.log").read_text() for i in range(2)]
+        for base in web.base_urls:
+            assert len(fetched(web, base)) > 10
+    for log in logs:
+        assert "Traceback" not in log and "outside this worker's hosts" not in log, log[-3000:]
+        assert crawlcheck.stat(log, "offsite/filtered") == 0
+        assert crawlcheck.stat(log, "webfarm/frontier/dead") == 0
+        assert crawlcheck.stat(log, "item_scraped_count") > 10
 
 
 def test_a_host_first_dropped_at_scheduling_is_still_said_when_a_leased_request_goes_back(

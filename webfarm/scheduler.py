@@ -98,6 +98,7 @@ class Scheduler(BaseScheduler):
         self.server = server
         self.stats: StatsCollector | None = crawler.stats
         self.idle_timeout = settings.getfloat("WEBFARM_IDLE_TIMEOUT", 10.0)
+        self.offsite_wait = settings.getfloat("WEBFARM_OFFSITE_WAIT", 60.0)
         self._slots = SlotDelays(settings)
         self._cookies_said = settings.getbool("COOKIES_ENABLED")  # nothing to say then
         self._slot_said = False
@@ -143,6 +144,8 @@ class Scheduler(BaseScheduler):
     def open(self, spider: Spider) -> None:
         self.spider = spider
         self.frontier = open_frontier(self.crawler.settings, spider.name, self.server)
+        # Another crawl's hosts in this spider's frontier wait for their own workers first.
+        self.frontier.keep_to(getattr(spider, "allowed_domains", None) or (), self.offsite_wait)
         # DOWNLOAD_DELAY is part of the host delay the frontier keeps between any two
         # workers' requests (webfarm.queue.host_delay). Scrapy's own wait, per worker, would
         # hold a request handed out on time until just after another worker's reached the

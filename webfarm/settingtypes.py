@@ -48,6 +48,7 @@ BOUNDS: dict[str, tuple[str, Callable[[float], bool]]] = {
     "WEBFARM_REFETCH_MEMORY": ("1 or more", lambda v: v >= 1),
     "WEBFARM_FLUSH_INTERVAL": ("above 0 (seconds)", lambda v: v > 0),
     "WEBFARM_LEASE_SECONDS": ("above 0 (seconds)", lambda v: v > 0),
+    "WEBFARM_OFFSITE_WAIT": ("0 or more (seconds)", lambda v: v >= 0),
     "AUTOTHROTTLE_MAX_DELAY": ("0 or more (seconds)", lambda v: v >= 0),
     "DOWNLOAD_TIMEOUT": ("above 0 (seconds)", lambda v: v > 0),
     "SCRAPER_SLOT_MAX_ACTIVE_SIZE": ("1 or more (bytes)", lambda v: v >= 1),

@@ -136,8 +136,22 @@ class Frontier(FrontierReads):
         self.host_budget = int(host_budget)
         #: seconds until something may be ready, from the last pop that came back short
         self.last_ready_in: float | None = None
+        self._scope = ""
+        self._scope_wait_ms = 0
         self._keys = [self.prefix + "stats"]
         self._script = server.register_script(SCRIPT)
+
+    def keep_to(self, domains: Sequence[str], wait: float) -> None:
+        """Pop from ``domains`` (bare host names, or their subdomains: a spider's
+        ``allowed_domains``) first; a host outside them only once it has been due ``wait``
+        seconds with no other worker taking it. Two ``scrapy crawl generic`` runs with
+        other hosts share the spider's frontier: each took the other's pages and gave them
+        back (offsite) until, after ``WEBFARM_RETRY_TIMES`` tries, some were dead letters.
+        No ``domains``: every host, in the order they are allowed."""
+        # A name with a space in it matches no host, in Scrapy's offsite filter too.
+        names = {d.lower().strip("[]") for d in domains if isinstance(d, str) and d}
+        self._scope = " ".join(sorted(d for d in names if d.split() == [d]))
+        self._scope_wait_ms = max(0, round(wait * 1000))
 
     def key(self, name: str) -> str:
         """Full key name of one of this frontier's structures (``ready``, ``dead``, ...)."""
@@ -204,6 +218,8 @@ class Frontier(FrontierReads):
             self.host_budget,
             len(ack),
             len(push),
+            self._scope_wait_ms,
+            self._scope,
             *ack,
         ]
         for entry in push:

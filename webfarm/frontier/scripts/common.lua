@@ -159,10 +159,55 @@ local function drop_ready(host)
   ready_known[host] = nil
 end
 
+-- Is a queue's host (host[:port], [v6]:port) one of scope's bare names or a subdomain of
+-- one, as Scrapy's offsite filter judges allowed_domains?
+local function in_scope(host, scope)
+  local name = string.match(host, '^%[(.*)%]') or string.match(host, '^(.-):%d+$') or host
+  for _, d in ipairs(scope) do
+    if name == d or (#name > #d and string.sub(name, -#d - 1) == '.' .. d) then
+      return true
+    end
+  end
+  return false
+end
+
+-- The host to pop from: the one allowed the longest. A worker kept to some hosts (scope)
+-- counts a host outside them as allowed `wait` ms later, so it serves its own first and
+-- takes another crawl's host (to give it back, offsite) only when no worker of that host
+-- took it meanwhile. Returns the host when it is due (else nil), and when it is or will be
+-- (ms; nil when no host is ready). At most SCAN_HOSTS of 'ready' are looked at.
+local SCAN_HOSTS = 512
+local function pick_host(scope, wait)
+  local best, best_at, from, done = nil, nil, 0, false
+  if not scope then
+    local r = redis.call('ZRANGE', K_READY, 0, 0, 'WITHSCORES')
+    best, best_at = r[1], tonumber(r[2])
+    done = true
+  end
+  local size = 1 -- the first host is most often this worker's own
+  while not done and from < SCAN_HOSTS do
+    local page = redis.call('ZRANGE', K_READY, from, from + size - 1, 'WITHSCORES')
+    for i = 1, #page, 2 do
+      local at = tonumber(page[i + 1])
+      if best_at and at >= best_at then
+        done = true
+        break
+      end
+      if not in_scope(page[i], scope) then at = at + wait end
+      if not best_at or at < best_at then best, best_at = page[i], at end
+    end
+    -- later hosts are allowed no sooner than the last one read
+    done = done or #page < 2 * size or (best_at and best_at <= tonumber(page[#page]))
+    from, size = from + size, 16
+  end
+  if best_at and best_at <= NOW then return best, best_at end
+  return nil, best_at
+end
+
 -- The host that has been allowed the longest gives its highest-priority entry.
-local function pop_one(worker, lease_ms, default_ms)
+local function pop_one(worker, lease_ms, default_ms, scope, wait)
   for _ = 1, 100 do
-    local host = redis.call('ZRANGEBYSCORE', K_READY, '-inf', NOW, 'LIMIT', 0, 1)[1]
+    local host = pick_host(scope, wait)
     if not host then return nil end
     local q = qkey(host)
     local res = redis.pcall('ZPOPMIN', q)
@@ -194,10 +239,11 @@ local function pop_one(worker, lease_ms, default_ms)
   return nil
 end
 
--- ms until a host may be ready, a retry is due or a lease expires; -1 when nothing is pending
-local function ready_in()
-  local best = nil
-  for _, key in ipairs({K_READY, K_DELAYED, K_LEASES}) do
+-- ms until a host may be ready, a retry is due or a lease expires; -1 when nothing is pending.
+-- With scope, when this worker may pop (pick_host), not when any worker may.
+local function ready_in(scope, wait)
+  local _, best = pick_host(scope, wait)
+  for _, key in ipairs({K_DELAYED, K_LEASES}) do
     local r = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
     if r[2] then
       local s = tonumber(r[2])

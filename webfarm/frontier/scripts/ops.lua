@@ -75,8 +75,9 @@ local OPS = {}
 
 -- step: acks, then pushes, then housekeeping and up to `want` pops, in one call.
 -- ARGV: 3 worker, 4 lease_ms, 5 default_delay_ms, 6 batch, 7 want, 8 mode, 9 cap0, 10 err0,
---       11 host budget (0: none), 12 n_ack, 13 n_push, then n_ack lease ids, then n_push
---       entries (see push).
+--       11 host budget (0: none), 12 n_ack, 13 n_push, 14 wait ms for hosts outside scope,
+--       15 scope (the worker's bare host names, space-separated; '' = every host), then
+--       n_ack lease ids, then n_push entries (see push).
 -- Returns {acked, push flags '1'/'0'/'2', ready_in ms or -1, the worker's exchange count (0
 -- without a worker), then lease, host, payload, attempts of each pop}
 OPS.step = function()
@@ -84,6 +85,11 @@ OPS.step = function()
   local batch, want = tonumber(ARGV[6]), tonumber(ARGV[7])
   local n_ack, n_push = tonumber(ARGV[12]), tonumber(ARGV[13])
   local mode, acked, flags = ARGV[8], 0, ''
+  local wait, scope = tonumber(ARGV[14]), nil
+  if ARGV[15] ~= '' then
+    scope = {}
+    for name in string.gmatch(ARGV[15], '%S+') do scope[#scope + 1] = name end
+  end
   if n_push > 0 then -- before any write: a mismatch must change nothing
     local cur = redis.call('HGET', K_STATS, 'dupefilter')
     if not cur then
@@ -93,11 +99,11 @@ OPS.step = function()
                                mode .. ' (reset it to change)')
     end
   end
-  for i = 14, 13 + n_ack do
+  for i = 16, 15 + n_ack do
     if unlease(ARGV[i], false) then acked = acked + 1 end
   end
   if n_push > 0 then
-    flags = push(14 + n_ack, n_push, mode, ARGV[9], ARGV[10], tonumber(ARGV[11]))
+    flags = push(16 + n_ack, n_push, mode, ARGV[9], ARGV[10], tonumber(ARGV[11]))
   end
   local count = 0
   if worker ~= '' then count = redis.call('HINCRBY', K_WORKERS, worker, 1) end
@@ -106,12 +112,12 @@ OPS.step = function()
     maintain(batch)
     local got = 0
     for _ = 1, want do
-      local p = pop_one(worker, lease_ms, default_ms)
+      local p = pop_one(worker, lease_ms, default_ms, scope, wait)
       if not p then break end
       for j = 1, 4 do out[#out + 1] = p[j] end
       got = got + 1
     end
-    if got < want then out[3] = fmt_int(ready_in()) end
+    if got < want then out[3] = fmt_int(ready_in(scope, wait)) end
   end
   return out
 end
