@@ -7,7 +7,9 @@ the shared frontier is another matter. Its lease was acknowledged and the URL wa
 not fetched, not in the dead-letter queue, though the frontier would never hand it out
 again. That happens to URLs from ``scrapy seed`` outside the worker's hosts. It also
 happens to another crawl's pages when two ``scrapy crawl generic`` runs with different
-``-a domains`` share the spider's frontier: each dropped the other's pages.
+``-a domains`` share the spider's frontier: each dropped the other's pages. (The
+frontier now hands a worker another crawl's host only after ``WEBFARM_OFFSITE_WAIT``
+with no worker of its own taking it: :meth:`webfarm.frontier.Frontier.keep_to`.)
 
 Here such a request ends in :class:`~webfarm.exceptions.RetryLater`. The frontier hands
 it out again with backoff, so a worker whose hosts include it fetches it. After

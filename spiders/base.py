@@ -210,7 +210,11 @@ class WebfarmSpider(scrapy.Spider):
 
     async def start(self) -> AsyncIterator[Any]:
         for url in self.start_urls:
-            yield scrapy.Request(url, callback=self.parse)
+            # Scrapy fetches a start URL outside allowed_domains (its start requests are
+            # dont_filter); here it was dropped, and the crawl ended with nothing. Not
+            # dont_filter: the frontier's dupefilter keeps each worker from fetching it.
+            meta = {} if self.in_scope(url) else {"allow_offsite": True}
+            yield scrapy.Request(url, callback=self.parse, meta=meta)
 
     def in_scope(self, url: str) -> bool:
         """Is ``url`` on one of this spider's hosts or their subdomains (``host`` matches

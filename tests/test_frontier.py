@@ -129,9 +129,10 @@ def test_a_worker_kept_to_its_hosts_takes_another_crawl_s_only_when_none_took_th
     """Two ``scrapy crawl generic`` runs with other hosts share the spider's frontier: each
     took the other's due hosts, gave them back (offsite), and some became dead letters."""
     theirs = ["b.test:8080", "xa.test", "[::2]:81"]  # xa.test is no subdomain of a.test
-    ours = ["a.test:8080", "www.a.test", "[::1]:8080"]
+    ours = ["a.test:8080", "www.a.test", "[::ffff:7f00:3]:8080", "xn--bcher-kva.de"]
     mine = Frontier(client, "spider", default_delay=0)
-    mine.keep_to(["A.test", "[::1]", "bad name"], wait=0.6)
+    # as a spider's allowed_domains may spell them; the host keys are host_of()'s
+    mine.keep_to(["A.test", "::FFFF:127.0.0.3", "bücher.de", "bad name"], wait=0.6)
     mine.push([entry(h, "1") for h in theirs])
     time.sleep(0.1)  # their hosts have been due longer than ours
     mine.push([entry(h, "1") for h in ours])
@@ -150,6 +151,34 @@ def test_a_worker_kept_to_its_hosts_takes_another_crawl_s_only_when_none_took_th
     anyone.keep_to([], wait=0.6)
     anyone.push([entry("c.test", "1")])
     assert anyone.pop("w3").host == "c.test"
+
+
+def test_a_worker_kept_to_its_hosts_is_idle_when_they_are_done(
+        client: redis.Redis, redis_url: str) -> None:
+    """It waited for every crawl sharing the frontier to end, and took their hosts."""
+    mine = Frontier(client, "spider", default_delay=0)
+    mine.keep_to(["a.test"], wait=60)
+    everything = Frontier(client, "spider", default_delay=0)
+    mine.push([entry("b.test", "1"), entry("a.test", "1")])
+    assert not mine.is_idle()
+    lease = mine.pop("w1")
+    assert lease.host == "a.test" and not mine.is_idle()  # leased: links may follow
+    assert mine.retry(lease.lease_id, 30, "http 503") and not mine.is_idle()  # delayed
+    mine.release_worker("w1")
+    mine.reset()
+    mine.push([entry("b.test", "1")])
+    assert mine.is_idle() and not everything.is_idle()
+    assert asyncio.run(_idle_async(mine, redis_url)) is True
+    mine.also_keep("B.test")  # e.g. its start URL, which Scrapy's offsite filter lets by
+    assert not mine.is_idle() and mine.pop("w1").host == "b.test"  # and without the wait
+
+
+async def _idle_async(f: Frontier, redis_url: str) -> bool:
+    aio = AsyncFrontier(f, redis.asyncio.Redis.from_url(redis_url))
+    try:
+        return await aio.is_idle()
+    finally:
+        await aio.aclose()
 
 
 def test_lease_expiry_gives_the_entry_back(client: redis.Redis) -> None:

@@ -5,6 +5,9 @@ generic`` sharing the spider's frontier, were gone without a trace."""
 
 from __future__ import annotations
 
+import re
+import time
+
 import pymongo
 import pytest
 
@@ -13,7 +16,7 @@ from tests.testweb import Response, TestWeb
 
 HOSTS = ("127.0.0.17", "127.0.0.18")
 FAST = ["-s", "WEBFARM_RETRY_TIMES=2", "-s", "WEBFARM_RETRY_BACKOFF_BASE=0.05",
-        "-s", "WEBFARM_RETRY_BACKOFF_MAX=0.1", "-s", "WEBFARM_OFFSITE_WAIT=0.3"]
+        "-s", "WEBFARM_RETRY_BACKOFF_MAX=0.1"]
 
 
 def fetched(web: TestWeb, base: str) -> list[str]:
@@ -35,15 +38,15 @@ def test_seeded_pages_outside_a_worker_s_hosts_wait_for_a_worker_that_takes_them
                                *FAST], env, 120)
         assert first.returncode == 0 and "Traceback" not in first.output, first.output[-3000:]
         assert fetched(web, mine) == ["/page-0", "/page-1", "/page-2"]
+        # Its own hosts done, the worker stops; the others' pages wait in the frontier
+        # (before, it stayed, took each WEBFARM_RETRY_TIMES times and dead-lettered it).
         assert web.hits_for(host=other) == []
-        said = [line for line in first.stderr.splitlines() if "outside this worker's" in line]
-        assert len(said) == 1 and f"'{HOSTS[1]}'" in said[0], said  # once per host
-        assert "scrapy dlq generic --requeue --reason offsite" in said[0]
-        assert crawlcheck.stat(first.stderr, "offsite/filtered") == 6  # 3 pages, 2 tries
-        assert crawlcheck.stat(first.stderr, "webfarm/frontier/dead") == 3
+        assert "outside this worker's" not in first.output
+        assert crawlcheck.stat(first.stderr, "offsite/filtered") == 0
+        assert "Frontier empty for this worker's hosts (127.0.0.17)" in first.stderr
+        counts = runner.scrapy(["frontier", "generic"], env, 60)
+        assert re.search(r"queued\s+3\s+1 host,", counts.stdout), counts.output[-2000:]
 
-        requeued = runner.scrapy(["dlq", "generic", "--requeue", "--reason", "offsite"], env, 60)
-        assert "requeued 3 dead letters" in requeued.stdout, requeued.output[-2000:]
         second = runner.scrapy(["crawl", "generic", "-a", f"domains={other.split('//')[1]}",
                                 *FAST], env, 120)
         assert second.returncode == 0, second.output[-3000:]
@@ -52,25 +55,57 @@ def test_seeded_pages_outside_a_worker_s_hosts_wait_for_a_worker_that_takes_them
     assert sorted(d["url"] for d in db.pages.find()) == sorted(pages[mine] + pages[other])
 
 
-def test_two_generic_crawls_at_once_each_fetch_their_own_pages_only(stores, tmp_path):
+def test_two_generic_crawls_at_once_each_fetch_their_own_pages_and_end_on_their_own(
+        stores, tmp_path):
     """Each took the other's due host while its own waited out its delay, and gave the
-    page back; after WEBFARM_RETRY_TIMES such tries it was a dead letter (58 of 757
-    pages with three crawls at once, by hand)."""
-    with TestWeb(hosts=HOSTS, categories=1, products_per_category=4) as web:
-        env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0.1")
+    page back; after WEBFARM_RETRY_TIMES such tries it was a dead letter (58 of 757 pages
+    with three crawls at once, by hand). And the shorter crawl's worker ran on until the
+    longer one ended, as long as the frontier held anything."""
+    with TestWeb(hosts=HOSTS, categories=1, products_per_category=2) as web:
+        env = runner.env_for(**stores)
+        delays = (0.05, 0.4)  # the second crawl's host is paced slower
         procs = [runner.popen(["crawl", "generic", "-a", f"start={base}/", "-s",
-                               "WEBFARM_RETRY_TIMES=2"], env, tmp_path / f"{i}.log")
-                 for i, base in enumerate(web.base_urls)]
-        for proc in procs:
-            assert proc.wait(timeout=120) == 0
+                               "WEBFARM_RETRY_TIMES=2", "-s", f"WEBFARM_HOST_DELAY={delay}"],
+                              env, tmp_path / f"{i}.log")
+                 for i, (base, delay) in enumerate(zip(web.base_urls, delays, strict=True))]
+        try:
+            assert procs[0].wait(timeout=120) == 0
+            assert procs[1].poll() is None  # the slower crawl runs on
+            assert procs[1].wait(timeout=120) == 0
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
         logs = [(tmp_path / f"{i}.log").read_text() for i in range(2)]
         for base in web.base_urls:
-            assert len(fetched(web, base)) > 10
+            assert len(fetched(web, base)) > 5
     for log in logs:
         assert "Traceback" not in log and "outside this worker's hosts" not in log, log[-3000:]
         assert crawlcheck.stat(log, "offsite/filtered") == 0
         assert crawlcheck.stat(log, "webfarm/frontier/dead") == 0
-        assert crawlcheck.stat(log, "item_scraped_count") > 10
+        assert crawlcheck.stat(log, "item_scraped_count") > 5
+        assert "Frontier empty for this worker's hosts" in log
+
+
+@pytest.mark.parametrize("spider", ["generic", "test_directory"])
+def test_a_start_url_outside_the_worker_s_hosts_is_fetched_as_its_own_work(stores, spider):
+    """Scrapy fetches a start URL outside allowed_domains (a plain Spider's start requests
+    are dont_filter); generic dropped it, and the crawl ended with nothing. The frontier
+    must not hold it back as another crawl's host for WEBFARM_OFFSITE_WAIT either, nor the
+    worker stop before it is fetched."""
+    with TestWeb(hosts=HOSTS, categories=1, products_per_category=1) as web:
+        index, site = web.base_urls
+        web.route("/list", Response.html(f'<a href="{site}/page-1">1</a>'), host=index)
+        web.route("/page-1", Response.html("<title>one</title>"), host=site)
+        env = runner.env_for(**stores)
+        started = time.monotonic()
+        result = runner.scrapy(["crawl", spider, "-a", f"start={index}/list",
+                                "-a", f"domains={HOSTS[1]}", "-s",
+                                "SPIDER_MODULES=spiders,tests.spiders"], env, 50)
+        assert result.returncode == 0, result.output[-3000:]
+        assert fetched(web, index) == ["/list"] and fetched(web, site) == ["/page-1"]
+        assert time.monotonic() - started < 40  # not after the 60 s wait
 
 
 def test_a_host_first_dropped_at_scheduling_is_still_said_when_a_leased_request_goes_back(

@@ -43,6 +43,7 @@ import os
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from secrets import token_hex
 from typing import Any
 
@@ -79,6 +80,7 @@ from webfarm.queue import (
 )
 from webfarm.redisconn import REDIS_ERRORS, async_redis_client, redis_client
 from webfarm.serialize import SerializationError
+from webfarm.urls import bare_host, within_domains
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +112,7 @@ class Scheduler(BaseScheduler):
                                                           100_000))
         self.worker = f"{socket.gethostname()}:{os.getpid()}:{token_hex(3)}"
         self.frontier: Frontier | None = None
+        self._within: Callable[[str], bool] | None = None  # in the spider's allowed_domains
         self.spider: Spider | None = None
         self.link: FrontierLink | None = None
         self._inflight: dict[str, Request] = {}
@@ -146,6 +149,7 @@ class Scheduler(BaseScheduler):
         self.frontier = open_frontier(self.crawler.settings, spider.name, self.server)
         # Another crawl's hosts in this spider's frontier wait for their own workers first.
         self.frontier.keep_to(getattr(spider, "allowed_domains", None) or (), self.offsite_wait)
+        self._within = within_domains(self.frontier.scope)
         # DOWNLOAD_DELAY is part of the host delay the frontier keeps between any two
         # workers' requests (webfarm.queue.host_delay). Scrapy's own wait, per worker, would
         # hold a request handed out on time until just after another worker's reached the
@@ -251,6 +255,11 @@ class Scheduler(BaseScheduler):
             return False
         if fingerprint is not None:
             self._recent.add(fingerprint)
+        if ((request.dont_filter or request.meta.get("allow_offsite"))
+                and self._within is not None and not self._within(request.url)):
+            # Let through by Scrapy's offsite filter (a start URL on another host): this
+            # worker's own work, not another crawl's.
+            self.frontier.also_keep(bare_host(entry.host))
         if self._slots.delays:
             self._slot_delay(entry.host)
         if not self._slot_said and "download_slot" in request.meta:
@@ -409,8 +418,9 @@ class Scheduler(BaseScheduler):
     # -- closing when there is nothing left -------------------------------------------------
 
     def spider_idle(self, spider: Spider) -> None:
-        """Keep the worker until the whole frontier (every worker's share) stayed empty
-        for ``WEBFARM_IDLE_TIMEOUT`` seconds; 0 keeps it forever. Under the asyncio
+        """Keep the worker until the whole frontier (every worker's share; for a spider
+        with ``allowed_domains``, of those hosts) stayed empty for
+        ``WEBFARM_IDLE_TIMEOUT`` seconds; 0 keeps it forever. Under the asyncio
         reactor nothing here waits for Redis: what is held and the check are sent, and
         the engine asks again when they are back."""
         link = self.link
@@ -431,7 +441,11 @@ class Scheduler(BaseScheduler):
         if now - self._empty_since < self.idle_timeout:
             self._idle_until(min(1.0, self.idle_timeout))
             raise DontCloseSpider
-        logger.info("Frontier empty for %.0fs: closing this worker", now - self._empty_since)
+        scope = self.frontier.scope if self.frontier is not None else []
+        named = ", ".join(scope[:5]) + (", ..." if len(scope) > 5 else "")
+        logger.info("Frontier empty%s for %.0fs: closing this worker",
+                    f" for this worker's hosts ({named})" if scope else "",
+                    now - self._empty_since)
         if self.spider is not None:
             explain_nothing_fetched(self.stats, self.spider.name, self.frontier)
 

@@ -102,3 +102,18 @@ class ShopListingSpider(scrapy.Spider):
         assert isinstance(listing, Listing), type(listing)  # not a dict: an item again
         for found in product(response):
             yield replace(listing, sku=found.sku, name=found.name)
+
+
+class DirectorySpider(scrapy.Spider):
+    """Starts on a directory page outside ``allowed_domains`` and follows its links into
+    them: Scrapy lets a start URL through its offsite filter (``dont_filter``)."""
+
+    name = "test_directory"
+
+    def __init__(self, start: str = "", domains: str = "", *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.start_urls = [start]
+        self.allowed_domains = [domains]
+
+    def parse(self, response: Response) -> Iterator[Any]:
+        yield from response.follow_all(css="a")

@@ -60,8 +60,7 @@ class AsyncFrontier:
     async def is_idle(self) -> bool:
         """:meth:`Frontier.is_idle <webfarm.frontier.core.Frontier.is_idle>`, not blocking."""
         f = self.frontier
-        reply = await self._script(keys=f._keys, args=[f.prefix, "counts"])
-        return f._idle(f._counts(reply))
+        return f._idle_reply(await self._script(keys=f._keys, args=[f.prefix, *f._idle_call()]))
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -13,6 +13,8 @@ clocks still agree on politeness and lease deadlines. Closing or dropping a
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import math
 import random
 import re
@@ -24,6 +26,7 @@ import redis
 
 from webfarm.frontier.bloom import hash_pair
 from webfarm.frontier.reading import FrontierReads, as_text
+from webfarm.urls import bare_host, host_of
 
 _SCRIPT_DIR = resources.files("webfarm.frontier").joinpath("scripts")
 # One script from three files (each a part of one chunk; order matters), loaded once per
@@ -36,6 +39,25 @@ MAX_PUSH = 1000  # entries per script call: keeps each call short for the other 
 #: Payload bytes per script call: a call holds the server while it copies them in, and
 #: MAX_PUSH entries near WEBFARM_MAX_ENTRY_BYTES each would hold every worker for seconds.
 MAX_PUSH_BYTES = 32 << 20
+#: hosts outside its domains a worker counts as its own (:meth:`Frontier.also_keep`): the
+#: scope travels with every exchange, so it stays short
+MAX_ALSO = 100
+
+
+def _spelled(name: str) -> str:
+    """A bare host name as the frontier's host keys spell it (:func:`webfarm.urls.host_of`:
+    IPv6 compressed, IDN in punycode, lower case); "" for one with a space, which matches
+    no host (in Scrapy's offsite filter neither)."""
+    name = name.strip().lower().strip("[]")
+    if not name or name.split() != [name]:
+        return ""
+    if ":" in name:
+        with contextlib.suppress(ValueError):
+            return ipaddress.ip_address(name).compressed
+    elif not name.isascii():
+        with contextlib.suppress(ValueError):
+            return bare_host(host_of(f"http://{name}/"))
+    return name
 
 
 class Entry(NamedTuple):
@@ -136,8 +158,7 @@ class Frontier(FrontierReads):
         self.host_budget = int(host_budget)
         #: seconds until something may be ready, from the last pop that came back short
         self.last_ready_in: float | None = None
-        self._scope = ""
-        self._scope_wait_ms = 0
+        self.keep_to((), 0)
         self._keys = [self.prefix + "stats"]
         self._script = server.register_script(SCRIPT)
 
@@ -147,11 +168,39 @@ class Frontier(FrontierReads):
         seconds with no other worker taking it. Two ``scrapy crawl generic`` runs with
         other hosts share the spider's frontier: each took the other's pages and gave them
         back (offsite) until, after ``WEBFARM_RETRY_TIMES`` tries, some were dead letters.
-        No ``domains``: every host, in the order they are allowed."""
-        # A name with a space in it matches no host, in Scrapy's offsite filter too.
-        names = {d.lower().strip("[]") for d in domains if isinstance(d, str) and d}
-        self._scope = " ".join(sorted(d for d in names if d.split() == [d]))
+        :meth:`is_idle` then asks about these hosts only. No ``domains``: every host."""
+        names = {_spelled(d) for d in domains if isinstance(d, str) and d}
+        self._domains = sorted(d for d in names if d)
+        self._also: list[str] = []
+        self._scope = " ".join(self._domains)
         self._scope_wait_ms = max(0, round(wait * 1000))
+
+    def also_keep(self, name: str) -> None:
+        """Count a host outside the domains as this worker's own: it queued a request
+        there that Scrapy's offsite filter lets through (``dont_filter``, as start URLs
+        have, or ``allow_offsite``), which would otherwise wait ``wait`` seconds, and
+        which an idle check of the domains alone would leave behind."""
+        name = _spelled(name)
+        if self._scope and len(self._also) < MAX_ALSO and name and name not in self._also:
+            self._also.append(name)
+            self._scope = " ".join([*self._domains, *self._also])
+
+    @property
+    def scope(self) -> list[str]:
+        """The host names this worker is kept to (:meth:`keep_to`); [] for every host."""
+        return self._scope.split()
+
+    def _idle_call(self) -> list[Any]:
+        return ["idle_in", self._scope] if self._scope else ["counts"]
+
+    def _idle_reply(self, reply: Any) -> bool:
+        return int(reply) == 1 if self._scope else self._idle(self._counts(reply))
+
+    def is_idle(self) -> bool:
+        """Nothing queued, delayed or leased (dead letters do not count); for a worker
+        kept to some hosts (:meth:`keep_to`), nothing of those hosts, so that it stops when
+        its own crawl is done, not when every crawl sharing the frontier is."""
+        return self._idle_reply(self._call(*self._idle_call()))
 
     def key(self, name: str) -> str:
         """Full key name of one of this frontier's structures (``ready``, ``dead``, ...)."""

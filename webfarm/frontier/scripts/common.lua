@@ -159,16 +159,31 @@ local function drop_ready(host)
   ready_known[host] = nil
 end
 
+-- A worker's scope from its space-separated bare host names: nil (every host) when none.
+local function parse_scope(text)
+  if text == '' then return nil end
+  local scope = {names = {}, known = {}}
+  for name in string.gmatch(text, '%S+') do
+    scope.names[#scope.names + 1] = {name, '.' .. name}
+  end
+  return scope
+end
+
 -- Is a queue's host (host[:port], [v6]:port) one of scope's bare names or a subdomain of
--- one, as Scrapy's offsite filter judges allowed_domains?
+-- one, as Scrapy's offsite filter judges allowed_domains? Remembered for the call.
 local function in_scope(host, scope)
+  local hit = scope.known[host]
+  if hit ~= nil then return hit end
   local name = string.match(host, '^%[(.*)%]') or string.match(host, '^(.-):%d+$') or host
-  for _, d in ipairs(scope) do
-    if name == d or (#name > #d and string.sub(name, -#d - 1) == '.' .. d) then
-      return true
+  hit = false
+  for _, d in ipairs(scope.names) do
+    if name == d[1] or (#name > #d[2] and string.sub(name, -#d[2]) == d[2]) then
+      hit = true
+      break
     end
   end
-  return false
+  scope.known[host] = hit
+  return hit
 end
 
 -- The host to pop from: the one allowed the longest. A worker kept to some hosts (scope)

@@ -85,11 +85,7 @@ OPS.step = function()
   local batch, want = tonumber(ARGV[6]), tonumber(ARGV[7])
   local n_ack, n_push = tonumber(ARGV[12]), tonumber(ARGV[13])
   local mode, acked, flags = ARGV[8], 0, ''
-  local wait, scope = tonumber(ARGV[14]), nil
-  if ARGV[15] ~= '' then
-    scope = {}
-    for name in string.gmatch(ARGV[15], '%S+') do scope[#scope + 1] = name end
-  end
+  local wait, scope = tonumber(ARGV[14]), parse_scope(ARGV[15])
   if n_push > 0 then -- before any write: a mismatch must change nothing
     local cur = redis.call('HGET', K_STATS, 'dupefilter')
     if not cur then
@@ -273,6 +269,30 @@ OPS.counts = function()
           hosts, redis.call('ZCARD', K_DELAYED),
           redis.call('ZCARD', K_LEASES), redis.call('LLEN', K_DEAD), tonumber(s[2]) or 0,
           tonumber(s[3]) or 0, tonumber(s[4]) or 0}
+end
+
+-- idle_in: ARGV[3] scope (bare host names, space-separated). 1 when no host of the scope
+-- has queued, delayed or leased entries; 0 when one has, or when there is more than
+-- IDLE_SCAN of one kind to look at (a worker then waits for the whole frontier).
+local IDLE_SCAN = 10000
+OPS.idle_in = function()
+  local scope = parse_scope(ARGV[3])
+  if not scope then return redis.error_reply('WEBFARM idle_in needs host names') end
+  for _, key in ipairs({K_READY, K_DELAYED, K_LEASES}) do
+    if redis.call('ZCARD', key) > IDLE_SCAN then return 0 end
+  end
+  for _, host in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
+    if in_scope(host, scope) then return 0 end
+  end
+  for _, rec in ipairs(redis.call('ZRANGE', K_DELAYED, 0, -1)) do
+    local host = string.match(rec, '^(%S+) ')
+    if not host or in_scope(host, scope) then return 0 end
+  end
+  for _, value in ipairs(redis.call('HVALS', K_LEASE)) do
+    local host = string.match(value, '^%S+ (%S+) ')
+    if not host or in_scope(host, scope) then return 0 end
+  end
+  return 1
 end
 
 OPS.next_ready = function() return fmt_int(ready_in()) end
