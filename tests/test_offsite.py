@@ -44,6 +44,7 @@ def test_seeded_pages_outside_a_worker_s_hosts_wait_for_a_worker_that_takes_them
         assert "outside this worker's" not in first.output
         assert crawlcheck.stat(first.stderr, "offsite/filtered") == 0
         assert "Frontier empty for this worker's hosts (127.0.0.17)" in first.stderr
+        assert "This worker's hosts are done; 3 request(s) of other hosts stay" in first.stderr
         counts = runner.scrapy(["frontier", "generic"], env, 60)
         assert re.search(r"queued\s+3\s+1 host,", counts.stdout), counts.output[-2000:]
 
@@ -134,3 +135,25 @@ def test_a_host_first_dropped_at_scheduling_is_still_said_when_a_leased_request_
         offsite.process_request(leased)
     assert [r.message.count("'other.test' is outside") for r in caplog.records] == [1]
     assert offsite.process_request(Request("http://www.mine.test/c", meta={LEASE: "2"})) is None
+
+
+def test_a_worker_that_fetched_nothing_says_the_frontier_holds_other_hosts(redis_url, caplog):
+    """Its -a domains missed the seeded hosts: it stops having fetched nothing, where it
+    took them and gave them back, saying so, before."""
+    import redis
+    from scrapy.statscollectors import MemoryStatsCollector
+    from scrapy.utils.test import get_crawler
+
+    from webfarm.advice import explain_at_close
+    from webfarm.frontier import Entry, Frontier
+
+    frontier = Frontier(redis.Redis.from_url(redis_url), "generic")
+    frontier.push([Entry("b.test", 0, b"fp", '{"url": "http://b.test/"}', False)])
+    frontier.keep_to(["a.test"], 60)
+    stats = MemoryStatsCollector(get_crawler())
+    with caplog.at_level("INFO", logger="webfarm.scheduler"):
+        explain_at_close(stats, "generic", frontier)
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert caplog.records[0].getMessage().startswith(
+        "This worker fetched nothing: its hosts (a.test) have nothing queued; 1 request(s) of "
+        "other hosts stay in generic's frontier for a worker whose hosts include them")

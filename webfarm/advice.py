@@ -95,3 +95,37 @@ def explain_nothing_fetched(stats: StatsCollector | None, name: str,
         seen, name, name, name,
         f", `scrapy dlq {name} --requeue` (the {dead} URL(s) that failed)" if dead else "",
         name)
+
+
+
+def explain_at_close(stats: StatsCollector | None, name: str,
+                     frontier: Frontier | None) -> None:
+    """What a worker that stops because its frontier is idle says about it."""
+    explain_nothing_fetched(stats, name, frontier)
+    explain_other_hosts(stats, name, frontier)
+
+
+def explain_other_hosts(stats: StatsCollector | None, name: str,
+                        frontier: Frontier | None) -> None:
+    """A worker kept to its hosts stops when they are done, and leaves the requests of
+    other hosts queued for their own workers. Before, it took them, gave them back and
+    said so once per host; a worker whose ``-a domains`` missed the seeded hosts now
+    stops having fetched nothing, and this says why."""
+    if frontier is None or not frontier.scope:
+        return
+    try:
+        counts = frontier.counts()
+    except REDIS_ERRORS:
+        return
+    waiting = counts["queued"] + counts["delayed"]
+    if not waiting:
+        return
+    where = (f"{waiting} request(s) of other hosts stay in {name}'s frontier for a worker "
+             "whose hosts include them (-a domains=, or the spider's allowed_domains); "
+             f"`scrapy frontier {name}` lists them by host")
+    if stats is not None and stats.get_value("webfarm/frontier/dequeued"):
+        logger.info("This worker's hosts are done; %s", where)
+    else:
+        hosts = ", ".join(frontier.scope[:5]) + (", ..." if len(frontier.scope) > 5 else "")
+        logger.warning("This worker fetched nothing: its hosts (%s) have nothing queued; %s",
+                       hosts, where)

@@ -60,7 +60,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 
 from webfarm import signals as wf_signals
-from webfarm.advice import cookies_not_sent, explain_nothing_fetched, slot_not_used, url_not_queued
+from webfarm.advice import cookies_not_sent, explain_at_close, slot_not_used, url_not_queued
 from webfarm.config import whole_number
 from webfarm.dupefilter import RecentFingerprints
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped
@@ -447,7 +447,7 @@ class Scheduler(BaseScheduler):
                     f" for this worker's hosts ({named})" if scope else "",
                     now - self._empty_since)
         if self.spider is not None:
-            explain_nothing_fetched(self.stats, self.spider.name, self.frontier)
+            explain_at_close(self.stats, self.spider.name, self.frontier)
 
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None and count:
