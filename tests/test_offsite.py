@@ -150,6 +150,7 @@ def test_a_worker_that_fetched_nothing_says_the_frontier_holds_other_hosts(redis
     frontier = Frontier(redis.Redis.from_url(redis_url), "generic")
     frontier.push([Entry("b.test", 0, b"fp", '{"url": "http://b.test/"}', False)])
     frontier.keep_to(["a.test"], 60)
+    assert frontier.is_idle()  # the check counts the other hosts' requests
     stats = MemoryStatsCollector(get_crawler())
     with caplog.at_level("INFO", logger="webfarm.scheduler"):
         explain_at_close(stats, "generic", frontier)

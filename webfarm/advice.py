@@ -111,15 +111,9 @@ def explain_other_hosts(stats: StatsCollector | None, name: str,
     other hosts queued for their own workers. Before, it took them, gave them back and
     said so once per host; a worker whose ``-a domains`` missed the seeded hosts now
     stops having fetched nothing, and this says why."""
-    if frontier is None or not frontier.scope:
-        return
-    try:
-        counts = frontier.counts()
-    except REDIS_ERRORS:
-        return
-    waiting = counts["queued"] + counts["delayed"]
-    if not waiting:
-        return
+    if frontier is None or not frontier.scope or not frontier.others_waiting:
+        return  # counted by the idle check: no Redis call on the reactor's thread here
+    waiting = frontier.others_waiting
     where = (f"{waiting} request(s) of other hosts stay in {name}'s frontier for a worker "
              "whose hosts include them (-a domains=, or the spider's allowed_domains); "
              f"`scrapy frontier {name}` lists them by host")

@@ -159,6 +159,9 @@ class Frontier(FrontierReads):
         #: seconds until something may be ready, from the last pop that came back short
         self.last_ready_in: float | None = None
         self.keep_to((), 0)
+        #: queued or delayed entries of other hosts, from the last idle check that found
+        #: this worker's hosts idle (:meth:`keep_to`)
+        self.others_waiting = 0
         self._keys = [self.prefix + "stats"]
         self._script = server.register_script(SCRIPT)
 
@@ -194,7 +197,10 @@ class Frontier(FrontierReads):
         return ["idle_in", self._scope] if self._scope else ["counts"]
 
     def _idle_reply(self, reply: Any) -> bool:
-        return int(reply) == 1 if self._scope else self._idle(self._counts(reply))
+        if not self._scope:
+            return self._idle(self._counts(reply))
+        idle, self.others_waiting = int(reply[0]) == 1, int(reply[1])
+        return idle
 
     def is_idle(self) -> bool:
         """Nothing queued, delayed or leased (dead letters do not count); for a worker

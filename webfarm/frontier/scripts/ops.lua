@@ -271,28 +271,30 @@ OPS.counts = function()
           tonumber(s[3]) or 0, tonumber(s[4]) or 0}
 end
 
--- idle_in: ARGV[3] scope (bare host names, space-separated). 1 when no host of the scope
--- has queued, delayed or leased entries; 0 when one has, or when there is more than
--- IDLE_SCAN of one kind to look at (a worker then waits for the whole frontier).
+-- idle_in: ARGV[3] scope (bare host names, space-separated). {1, entries of other hosts
+-- queued or delayed} when no host of the scope has queued, delayed or leased entries;
+-- {0, 0} when one has, or when there is more than IDLE_SCAN of one kind to look at (a
+-- worker then waits for the whole frontier).
 local IDLE_SCAN = 10000
 OPS.idle_in = function()
   local scope = parse_scope(ARGV[3])
   if not scope then return redis.error_reply('WEBFARM idle_in needs host names') end
   for _, key in ipairs({K_READY, K_DELAYED, K_LEASES}) do
-    if redis.call('ZCARD', key) > IDLE_SCAN then return 0 end
+    if redis.call('ZCARD', key) > IDLE_SCAN then return {0, 0} end
   end
   for _, host in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
-    if in_scope(host, scope) then return 0 end
+    if in_scope(host, scope) then return {0, 0} end
   end
   for _, rec in ipairs(redis.call('ZRANGE', K_DELAYED, 0, -1)) do
     local host = string.match(rec, '^(%S+) ')
-    if not host or in_scope(host, scope) then return 0 end
+    if not host or in_scope(host, scope) then return {0, 0} end
   end
   for _, value in ipairs(redis.call('HVALS', K_LEASE)) do
     local host = string.match(value, '^%S+ (%S+) ')
-    if not host or in_scope(host, scope) then return 0 end
+    if not host or in_scope(host, scope) then return {0, 0} end
   end
-  return 1
+  local queued = tonumber(redis.call('HGET', K_STATS, 'queued')) or 0
+  return {1, queued + redis.call('ZCARD', K_DELAYED)}
 end
 
 OPS.next_ready = function() return fmt_int(ready_in()) end
