@@ -212,7 +212,7 @@ class WebfarmSpider(scrapy.Spider):
         for url in self.start_urls:
             # Scrapy fetches a start URL outside allowed_domains (its start requests are
             # dont_filter); here it was dropped, and the crawl ended with nothing. Not
-            # dont_filter: the frontier's dupefilter keeps each worker from fetching it.
+            # dont_filter: through the frontier's dupefilter, ten workers fetch it once.
             meta = {} if self.in_scope(url) else {"allow_offsite": True}
             yield scrapy.Request(url, callback=self.parse, meta=meta)
 

@@ -97,7 +97,6 @@ def explain_nothing_fetched(stats: StatsCollector | None, name: str,
         name)
 
 
-
 def explain_at_close(stats: StatsCollector | None, name: str,
                      frontier: Frontier | None) -> None:
     """What a worker that stops because its frontier is idle says about it."""
