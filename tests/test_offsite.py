@@ -1,7 +1,9 @@
-"""A request the frontier hands to a worker whose hosts do not include it goes back, not
-away. Scrapy's offsite filter dropped it with a DEBUG line and its lease was acknowledged:
-URLs seeded outside a worker's ``-a domains``, or the pages of another ``scrapy crawl
-generic`` sharing the spider's frontier, were gone without a trace."""
+"""Several crawls on one spider's frontier: each worker is handed its own hosts (its
+spider's ``allowed_domains``) and stops when they are done, and a request the frontier
+hands to a worker whose hosts do not include it goes back, not away. Scrapy's offsite
+filter dropped it with a DEBUG line and its lease was acknowledged: URLs seeded outside a
+worker's ``-a domains``, or the pages of another ``scrapy crawl generic`` sharing the
+spider's frontier, were gone without a trace."""
 
 from __future__ import annotations
 
