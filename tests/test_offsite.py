@@ -156,8 +156,10 @@ def test_a_worker_that_fetched_nothing_says_the_frontier_holds_other_hosts(redis
     assert frontier.is_idle()  # the check counts the other hosts' requests
     stats = MemoryStatsCollector(get_crawler())
     with caplog.at_level("INFO", logger="webfarm.scheduler"):
-        explain_at_close(stats, "generic", frontier)
-    assert [r.levelname for r in caplog.records] == ["WARNING"]
-    assert caplog.records[0].getMessage().startswith(
+        explain_at_close(stats, "generic", frontier, 10.2)
+    assert (caplog.records[0].levelname, caplog.records[0].getMessage()) == (
+        "INFO", "Frontier empty for this worker's hosts (a.test) for 10s: closing this worker")
+    assert [r.levelname for r in caplog.records] == ["INFO", "WARNING"]
+    assert caplog.records[1].getMessage().startswith(
         "This worker fetched nothing: its hosts (a.test) have nothing queued; 1 request(s) of "
         "other hosts stay in generic's frontier for a worker whose hosts include them")

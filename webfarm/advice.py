@@ -97,11 +97,19 @@ def explain_nothing_fetched(stats: StatsCollector | None, name: str,
         name)
 
 
-def explain_at_close(stats: StatsCollector | None, name: str,
-                     frontier: Frontier | None) -> None:
+def explain_at_close(stats: StatsCollector | None, name: str, frontier: Frontier | None,
+                     idle_seconds: float) -> None:
     """What a worker that stops because its frontier is idle says about it."""
-    explain_nothing_fetched(stats, name, frontier)
-    explain_other_hosts(stats, name, frontier)
+    scope = frontier.scope if frontier is not None else []
+    logger.info("Frontier empty%s for %.0fs: closing this worker",
+                f" for this worker's hosts ({_named(scope)})" if scope else "", idle_seconds)
+    if name:
+        explain_nothing_fetched(stats, name, frontier)
+        explain_other_hosts(stats, name, frontier)
+
+
+def _named(hosts: list[str]) -> str:
+    return ", ".join(hosts[:5]) + (", ..." if len(hosts) > 5 else "")
 
 
 def explain_other_hosts(stats: StatsCollector | None, name: str,
@@ -119,6 +127,5 @@ def explain_other_hosts(stats: StatsCollector | None, name: str,
     if stats is not None and stats.get_value("webfarm/frontier/dequeued"):
         logger.info("This worker's hosts are done; %s", where)
     else:
-        hosts = ", ".join(frontier.scope[:5]) + (", ..." if len(frontier.scope) > 5 else "")
         logger.warning("This worker fetched nothing: its hosts (%s) have nothing queued; %s",
-                       hosts, where)
+                       _named(frontier.scope), where)

@@ -441,13 +441,8 @@ class Scheduler(BaseScheduler):
         if now - self._empty_since < self.idle_timeout:
             self._idle_until(min(1.0, self.idle_timeout))
             raise DontCloseSpider
-        scope = self.frontier.scope if self.frontier is not None else []
-        named = ", ".join(scope[:5]) + (", ..." if len(scope) > 5 else "")
-        logger.info("Frontier empty%s for %.0fs: closing this worker",
-                    f" for this worker's hosts ({named})" if scope else "",
-                    now - self._empty_since)
-        if self.spider is not None:
-            explain_at_close(self.stats, self.spider.name, self.frontier)
+        explain_at_close(self.stats, self.spider.name if self.spider else "", self.frontier,
+                         now - self._empty_since)
 
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None and count:
