@@ -219,11 +219,12 @@ local function pick_host(scope, wait)
   return nil, best_at
 end
 
--- The host that has been allowed the longest gives its highest-priority entry.
+-- The host that has been allowed the longest gives its highest-priority entry. Without
+-- one: nil, and when a host may be (pick_host's answer, for ready_in).
 local function pop_one(worker, lease_ms, default_ms, scope, wait)
   for _ = 1, 100 do
-    local host = pick_host(scope, wait)
-    if not host then return nil end
+    local host, at = pick_host(scope, wait)
+    if not host then return nil, at end
     local q = qkey(host)
     local res = redis.pcall('ZPOPMIN', q)
     if res.err then
@@ -251,13 +252,14 @@ local function pop_one(worker, lease_ms, default_ms, scope, wait)
       end
     end
   end
-  return nil
+  return nil, select(2, pick_host(scope, wait))
 end
 
 -- ms until a host may be ready, a retry is due or a lease expires; -1 when nothing is pending.
--- With scope, when this worker may pop (pick_host), not when any worker may.
-local function ready_in(scope, wait)
-  local _, best = pick_host(scope, wait)
+-- host_at: when a host may be popped (pick_host's second answer; with a scope, by this
+-- worker, not by any).
+local function ready_in(host_at)
+  local best = host_at
   for _, key in ipairs({K_DELAYED, K_LEASES}) do
     local r = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
     if r[2] then

@@ -106,14 +106,17 @@ OPS.step = function()
   local out = {acked, flags, '-1', count}
   if want > 0 then
     maintain(batch)
-    local got = 0
+    local got, host_at = 0, nil
     for _ = 1, want do
-      local p = pop_one(worker, lease_ms, default_ms, scope, wait)
-      if not p then break end
+      local p, at = pop_one(worker, lease_ms, default_ms, scope, wait)
+      if not p then
+        host_at = at
+        break
+      end
       for j = 1, 4 do out[#out + 1] = p[j] end
       got = got + 1
     end
-    if got < want then out[3] = fmt_int(ready_in(scope, wait)) end
+    if got < want then out[3] = fmt_int(ready_in(host_at)) end
   end
   return out
 end
@@ -297,7 +300,7 @@ OPS.idle_in = function()
   return {1, queued + redis.call('ZCARD', K_DELAYED)}
 end
 
-OPS.next_ready = function() return fmt_int(ready_in()) end
+OPS.next_ready = function() return fmt_int(ready_in(select(2, pick_host(nil, 0)))) end
 
 -- hosts: ARGV 3 'ready'|'cool', ARGV 4 ZSCAN cursor, ARGV 5 count -> {next cursor, now ms,
 -- then host, next allowed ms, queued, delay or '', urls or '' per host}. A page at a time,
