@@ -6,6 +6,7 @@ and here before, they failed: their callbacks cannot be stored in a frontier).""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import re
 
 import pytest
@@ -59,17 +60,27 @@ def test_scrapy_parse_shows_a_page_s_items_and_links_and_queues_nothing(dev_web,
     assert frontier_keys(redis_url) == []  # nothing joined the fleet's crawl
 
 
+class SlowPipeline:
+    """A project's pipeline that takes its time (an API lookup, say)."""
+
+    async def process_item(self, item):
+        await asyncio.sleep(1.0)
+        return item
+
+
 def test_scrapy_parse_pipelines_stores_the_page_and_its_items(dev_web, stores, redis_url,
                                                              mongo_db):
     """``--pipelines``: the page, its blob and its product are stored as a crawl stores
     them, the frontier is left alone, and no warning a user cannot act on is printed
-    (Scrapy's parse wraps callbacks in one returning a Deferred; metrics are off)."""
+    (Scrapy's parse wraps callbacks in one returning a Deferred; metrics are off).
+    Scrapy's parse does not wait for the pipelines: with a slow one in the chain, the
+    spider closed first, and the page and item were not stored."""
     base = dev_web.base_urls[0]
     sku = min(dev_web.shop(base).products)
     product = f"{base}/product/{sku}"
 
     result = run(stores, "parse", "--spider=catalogue", "--pipelines", "-a", f"start={base}/",
-                 product)
+                 "-s", 'ITEM_PIPELINES={"tests.test_dev_commands.SlowPipeline": 50}', product)
 
     assert result.returncode == 0, result.output[-3000:]
     db = mongo_db  # the database the command wrote to (stores["MONGO_DATABASE"])

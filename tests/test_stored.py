@@ -31,13 +31,13 @@ def gone_site(tmp_path_factory, valkey_server, mongo_server):
     with TestWeb(hosts=("127.0.0.7",), categories=1, products_per_category=3) as web:
         base = web.base_urls[0]
         product = f"{base}/product/{min(web.shop(base).products)}"
-        result = run(stores, "parse", "--spider=catalogue", "--pipelines", "--nolog",
+        result = run(stores, "parse", "--spider=catalogue", "--pipelines", "-L", "INFO",
                      "-a", f"start={base}/", product)
         assert result.returncode == 0, result.output[-3000:]
     client = pymongo.MongoClient(stores["MONGO_URI"])
     try:
         page = client[stores["MONGO_DATABASE"]].pages.find_one({"url": product})
-        assert page is not None
+        assert page is not None, result.output[-4000:]
         body = open_blob_store(stores["BLOB_STORE_URI"]).get(page["blob_key"])
         yield stores, product, base, body
     finally:
