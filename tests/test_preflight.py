@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import logging
+import re
+import socket
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pymongo
 import pytest
@@ -465,3 +469,53 @@ def test_a_redis_that_fills_up_mid_crawl_holds_the_crawl_until_it_has_room(
     assert {d["url"] for d in db.pages.find()} == web.expected_pages(base)
     hits = [h.path for h in web.hits if h.path != "/robots.txt"]
     assert len(hits) == len(set(hits)), sorted(hits)
+
+
+@pytest.fixture(scope="module")
+def other_services(valkey_server, mongo_server):
+    """Addresses where something other than the wanted server answers: MongoDB, Valkey, an
+    HTTP server, a listener that never says a word; and a port nobody listens on."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    http = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    try:
+        yield {"mongo": mongo_server.url.removeprefix("mongodb://"),
+               "valkey": valkey_server.url.removeprefix("redis://").split("/")[0],
+               "http": f"127.0.0.1:{http.server_address[1]}",
+               "silent": f"127.0.0.1:{silent.getsockname()[1]}",
+               "nobody": f"127.0.0.1:{free_port()}"}
+    finally:
+        http.shutdown()
+        http.server_close()
+        silent.close()
+
+
+NOT_REDIS = r"^REDIS_URL: redis://{}/0 is not a Redis server: something there took the " \
+            r"connection but did not answer as Redis does \(.+\); is that another service's " \
+            r"port\? Point the URL at Redis or Valkey \(port 6379 by default\)$"
+NOT_MONGO = r"^MONGO_URI: mongodb://{} is not a MongoDB server: something there answered, " \
+            r"but not as MongoDB does \(.+\); is that another service's port\?"
+SILENT_MONGO = r"^MONGO_URI: no MongoDB answered at mongodb://{} within 1s: another " \
+               r"service's port \(MongoDB's is 27017 by default\), or a network that holds"
+
+
+@pytest.mark.parametrize(("server", "other", "message"), [
+    ("redis", "mongo", NOT_REDIS), ("redis", "http", NOT_REDIS),
+    ("redis", "silent", NOT_REDIS),
+    ("redis", "nobody", r"^REDIS_URL: cannot reach redis://{}/0 \(.*Connection refused.*\); "
+                        r"start that server or fix the URL$"),
+    ("mongo", "http", NOT_MONGO), ("mongo", "valkey", SILENT_MONGO),
+    ("mongo", "silent", SILENT_MONGO),
+    ("mongo", "nobody", r"^MONGO_URI: cannot reach mongodb://{} \(.*Connection refused.*\); "
+                        r"start that server or fix the URI$"),
+])
+def test_another_service_s_port_is_said_as_such(other_services, server, other, message):
+    """A URL pointing at the other store's port, or a web server's, said "cannot reach ...;
+    start that server", with a server running there. A port nobody listens on still says
+    that."""
+    address = other_services[other]
+    with pytest.raises(ConfigError, match=message.format(re.escape(address))):
+        if server == "redis":
+            check_redis(f"redis://{address}/0", timeout=1)
+        else:
+            config.check_mongo(f"mongodb://{address}", timeout=1)

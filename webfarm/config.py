@@ -173,7 +173,12 @@ def check_mongo(uri: str, variable: str = "MONGO_URI", timeout: float = 5.0,
     without credentials, or a read-only user, is one line here instead of a traceback
     from the first pipeline."""
     import pymongo
-    from pymongo.errors import ConfigurationError, OperationFailure, PyMongoError
+    from pymongo.errors import (
+        ConfigurationError,
+        OperationFailure,
+        ProtocolError,
+        PyMongoError,
+    )
 
     try:
         client = pymongo.MongoClient(uri, serverSelectionTimeoutMS=int(timeout * 1000))
@@ -194,8 +199,19 @@ def check_mongo(uri: str, variable: str = "MONGO_URI", timeout: float = 5.0,
     except OperationFailure as exc:
         raise ConfigError(_refused(exc, uri, variable, database)) from None
     except (PyMongoError, ValueError) as exc:
+        first = str(exc).split(",")[0]
+        if isinstance(exc, ProtocolError) or "ProtocolError(" in str(exc):
+            raise ConfigError(
+                f"{variable}: {safe_url(uri)} is not a MongoDB server: something there "
+                f"answered, but not as MongoDB does ({first}); is that another service's "
+                "port? Point the URI at MongoDB (port 27017 by default)") from None
+        if first.startswith("No servers found yet"):  # connected, or connecting: no reply
+            raise ConfigError(
+                f"{variable}: no MongoDB answered at {safe_url(uri)} within {timeout:g}s: "
+                "another service's port (MongoDB's is 27017 by default), or a network that "
+                "holds the connection; fix the URI or start MongoDB there") from None
         raise ConfigError(
-            f"{variable}: cannot reach {safe_url(uri)} ({str(exc).split(',')[0]}); "
+            f"{variable}: cannot reach {safe_url(uri)} ({first}); "
             "start that server or fix the URI"
         ) from None
 

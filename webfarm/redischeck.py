@@ -55,12 +55,29 @@ def check_redis(url: str, variable: str = "REDIS_URL", timeout: float = 5.0,
     except redis.ResponseError as exc:  # it answered: "DB index is out of range", ...
         raise ConfigError(f"{variable}: {safe_url(url)} refused ({exc}); fix the URL") from None
     except (redis.RedisError, ValueError, OSError) as exc:
+        if _not_redis(exc):
+            raise ConfigError(
+                f"{variable}: {safe_url(url)} is not a Redis server: something there took "
+                f"the connection but did not answer as Redis does ({exc}); is that another "
+                "service's port? Point the URL at Redis or Valkey (port 6379 by default)"
+            ) from None
         raise ConfigError(
             f"{variable}: cannot reach {safe_url(url)} ({exc}); start that server or fix the URL"
         ) from None
     finally:
         if client is not None:
             client.close()
+
+
+def _not_redis(exc: BaseException) -> bool:
+    """Was the connection made, and the reply not Redis's (an HTTP server's page, MongoDB
+    closing on a command it cannot read, or silence)? Said as "cannot reach" before, with
+    the server running."""
+    import redis
+
+    text = str(exc)
+    return isinstance(exc, redis.exceptions.InvalidResponse) or any(
+        marker in text for marker in ("reading from", "Connection closed by server"))
 
 
 def _check_scripts(client: Any, probe: str, url: str, variable: str) -> None:
