@@ -94,7 +94,8 @@ def test_each_worker_logs_in_itself_and_the_password_never_reaches_redis(club, s
 def test_a_login_answered_503_is_tried_again(club, stores):
     """A ``webfarm_local`` request has no lease: a 503 to it used to end it without a word
     (the frontier it was handed to does not hold it): the login's callback never ran, so
-    the members' pages were never asked for."""
+    the members' pages were never asked for. A local request is deduplicated in its
+    worker."""
     base = club.base_urls[0]
     answered: list[int] = []
 
@@ -104,11 +105,16 @@ def test_a_login_answered_503_is_tried_again(club, stores):
             else login(info)
 
     club.route("/login", busy_once, host=base)
+    club.route("/account", lambda info: Response.html("<title>Account</title>"), host=base)
     env = runner.env_for(**stores, WEBFARM_IDLE_TIMEOUT="1")
-    result = runner.scrapy(["crawl", "test_members", "-a", f"start={base}/",
-                            "-s", "SPIDER_MODULES=spiders,tests.spiders"], env, timeout=90)
+    result = runner.scrapy(["crawl", "test_members", "-a", f"start={base}/", "-a",
+                            "account_links=2", "-s", "SPIDER_MODULES=spiders,tests.spiders"],
+                           env, timeout=90)
     assert result.returncode == 0, result.output[-3000:]
     assert answered == [503, 200]
+    # Two links to one local page: fetched once, as Scrapy's own scheduler does (before,
+    # a local request was not deduplicated).
+    assert len(club.hits_for(host=base, path="/account")) == 1
     pages = [h for h in club.hits_for(host=base) if h.path.startswith("/members/")]
     assert len(pages) == PAGES and all("session=ok-" in h.headers.get("cookie", "")
                                        for h in pages)

@@ -119,6 +119,7 @@ class Scheduler(BaseScheduler):
         self.ends = LeaseEnds(settings, self._inflight, self._inc)  # acks, retries, dead
         self._popped: deque[Popped] = deque()  # leased in the last exchange, not handed out
         self._local: deque[Request] = deque()  # meta[LOCAL]: this worker's own, not queued
+        self._local_seen: set[bytes] = set()  # their fingerprints (Scrapy's own dupefilter)
         # Host delays by source, to send the frontier the largest. Sources that say a
         # host's delay once (robots.txt, DOWNLOAD_SLOTS) are kept; the latency rule's, sent
         # again after a host's responses, only for the hosts used last (a broad crawl).
@@ -231,7 +232,13 @@ class Scheduler(BaseScheduler):
         # lease; the parent is acknowledged when its download finishes, not here.
         request.meta.pop(LEASE, None)
         request.meta.pop(ATTEMPTS, None)
-        if request.meta.get(LOCAL):  # as Scrapy's own scheduler would, without its filter
+        if request.meta.get(LOCAL):  # as Scrapy's own scheduler would, in this worker
+            if not request.dont_filter:
+                fingerprint = self.crawler.request_fingerprinter.fingerprint(request)
+                if fingerprint in self._local_seen:
+                    self._inc("webfarm/frontier/duplicates")
+                    return False
+                self._local_seen.add(fingerprint)
             self._local.append(request)
             self._inc("webfarm/frontier/local")
             return True

@@ -14,9 +14,10 @@ class MembersSpider(WebfarmSpider):
     name = "test_members"
     custom_settings = {"COOKIES_ENABLED": True}
 
-    def __init__(self, start: str = "", **kwargs: Any) -> None:
+    def __init__(self, start: str = "", account_links: str = "0", **kwargs: Any) -> None:
         super().__init__(start=start, **kwargs)
         self.base = start.rstrip("/")
+        self.account_links = int(account_links)  # links to /account, a page of the session
 
     async def start(self) -> AsyncIterator[scrapy.Request]:
         # Each worker logs in itself: its cookie jar is its own, and the password must not
@@ -28,6 +29,9 @@ class MembersSpider(WebfarmSpider):
 
     def logged_in(self, response: scrapy.http.Response) -> Any:
         yield scrapy.Request(f"{self.base}/members/", callback=self.parse_member)
+        for _ in range(self.account_links):
+            yield scrapy.Request(f"{self.base}/account", callback=self.parse_member,
+                                 meta={"webfarm_local": True})
 
     def parse_member(self, response: scrapy.http.Response) -> Any:
         yield {"url": response.url, "title": response.css("title::text").get()}
