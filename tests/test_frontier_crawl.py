@@ -33,6 +33,14 @@ def shop(small_web):
     return small_web
 
 
+@pytest.fixture(scope="module")
+def paced_shop():
+    """A smaller shop (14 pages) for crawls paced at a host delay: each page costs the
+    delay, and 13 gaps between hits tell one shared delay from two workers' own."""
+    with TestWeb(hosts=("127.0.0.4",), categories=1, products_per_category=5) as web:
+        yield web
+
+
 def stored(stores) -> list[str]:
     db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
     return [doc["url"] for doc in db.pages.find()]
@@ -47,10 +55,13 @@ def page_hits(web, base):
 
 
 @pytest.mark.parametrize("setting", ["WEBFARM_HOST_DELAY", "DOWNLOAD_DELAY", "DOWNLOAD_SLOTS"])
-def test_two_workers_keep_the_host_delay_at_the_server(shop, stores, tmp_path, setting):
+def test_two_workers_keep_the_host_delay_at_the_server(paced_shop, stores, tmp_path,
+                                                      setting):
     """Scrapy's DOWNLOAD_DELAY (or a spider's download_delay) and a DOWNLOAD_SLOTS entry's
     delay are floors of the shared host delay: before, each worker waited them only between
     its own requests, so two workers hit the host twice as often as it asked."""
+    shop = paced_shop
+    shop.clear_hits()
     base = shop.base_urls[0]
     delay = 0.4
     env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0", WEBFARM_IDLE_TIMEOUT="2")
