@@ -156,3 +156,24 @@ def test_download_slots_look_up_a_host_once_among_the_hosts_met_last():
     assert len(slots._seen) == 3
     # Forgotten, then met again: its floor is given again (the scheduler holds it already).
     assert slots.first_seen("slow.test:8080") == 2.0
+
+
+def test_a_worker_sends_the_largest_delay_of_a_host_and_only_changes_the_frontier_sees():
+    from scrapy.settings import Settings
+
+    from webfarm.hostdelays import HostDelays
+
+    delays = HostDelays(Settings({"WEBFARM_HOST_MEMORY": 2}))
+    assert delays.update("a.test", 2.0, "robots.txt") == 2.0  # first: always sent
+    assert delays.update("a.test", 0.5, wf_signals.LEARNED) is None  # robots.txt's is larger
+    assert delays.update("a.test", 3.0, wf_signals.LEARNED) == 3.0
+    assert delays.update("a.test", 3.0004, wf_signals.LEARNED) is None  # same millisecond
+    assert delays.update("a.test", 3.05, wf_signals.LEARNED) is None  # within 5%
+    assert delays.update("a.test", 1.0, wf_signals.LEARNED) == 2.0  # back to robots.txt's
+    for host in ("b.test", "c.test"):  # the latency rule's delays: the last two hosts kept
+        delays.update(host, 0.2, wf_signals.LEARNED)
+    # After Redis lost writes, every delay remembered is sent again; a.test keeps its
+    # robots.txt delay though its learned one was forgotten.
+    assert delays.known() == {"a.test": 2.0, "b.test": 0.2, "c.test": 0.2}
+    delays.update("d.test", 0.2, wf_signals.LEARNED)
+    assert delays.known() == {"a.test": 2.0, "c.test": 0.2, "d.test": 0.2}

@@ -65,6 +65,7 @@ from webfarm.config import whole_number
 from webfarm.dupefilter import RecentFingerprints
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped
 from webfarm.frontierlink import FrontierLink
+from webfarm.hostdelays import HostDelays
 from webfarm.hostmemory import RecentHosts, host_memory_size
 from webfarm.leaseends import LeaseEnds
 from webfarm.outcomes import hook_downloader_output
@@ -72,7 +73,6 @@ from webfarm.queue import (
     ATTEMPTS,
     LEASE,
     LOCAL,
-    SlotDelays,
     UnfetchableURL,
     decode_request,
     open_frontier,
@@ -88,11 +88,6 @@ PUSH_BATCH = 200
 POP_MAX = 16  # leases asked for in one exchange, at most (never more than the engine takes)
 
 
-def _ms(seconds: float) -> int:
-    """A delay as the frontier's script rounds it."""
-    return int(seconds * 1000 + 0.5)
-
-
 class Scheduler(BaseScheduler):
     def __init__(self, crawler: Crawler, server: redis.Redis) -> None:
         settings = crawler.settings
@@ -101,7 +96,6 @@ class Scheduler(BaseScheduler):
         self.stats: StatsCollector | None = crawler.stats
         self.idle_timeout = settings.getfloat("WEBFARM_IDLE_TIMEOUT", 10.0)
         self.offsite_wait = settings.getfloat("WEBFARM_OFFSITE_WAIT", 60.0)
-        self._slots = SlotDelays(settings)
         self._cookies_said = settings.getbool("COOKIES_ENABLED")  # nothing to say then
         self._slot_said = False
         self._unfetchable_said: RecentHosts[None] = RecentHosts(host_memory_size(settings))
@@ -120,11 +114,7 @@ class Scheduler(BaseScheduler):
         self._popped: deque[Popped] = deque()  # leased in the last exchange, not handed out
         self._local: deque[Request] = deque()  # meta[LOCAL]: this worker's own, not queued
         self._local_seen: set[bytes] = set()  # their fingerprints (Scrapy's own dupefilter)
-        # Host delays by source, to send the frontier the largest. Sources that say a
-        # host's delay once (robots.txt, DOWNLOAD_SLOTS) are kept; the latency rule's, sent
-        # again after a host's responses, only for the hosts used last (a broad crawl).
-        self._delays: dict[str, dict[str, float]] = {}
-        self._learned: RecentHosts[float] = RecentHosts(host_memory_size(settings))
+        self.delays = HostDelays(settings)  # by source; the frontier gets the largest
         self._next_poll = 0.0
         self._wake_call: Any = None
         self._empty_since: float | None = None
@@ -174,7 +164,7 @@ class Scheduler(BaseScheduler):
                                  leases_held=lambda: len(self._inflight),
                                  on_idle_answer=self._wake,
                                  on_lost_writes=self._frontier_lost_writes,
-                                 host_memory=self._learned.size)
+                                 host_memory=self.delays.memory)
         self.ends.open(self.link, self.frontier)
         self._loop = LoopingCall(self.link.tick)
         self._loop.start(self.flush_interval, now=False)
@@ -267,8 +257,7 @@ class Scheduler(BaseScheduler):
             # Let through by Scrapy's offsite filter (a start URL on another host): this
             # worker's own work, not another crawl's.
             self.frontier.also_keep(bare_host(entry.host))
-        if self._slots.delays:
-            self._slot_delay(entry.host)
+        self._slot_delay(entry.host)
         if not self._slot_said and "download_slot" in request.meta:
             self._slot_said = slot_not_used(request, entry.host)
         if request.cookies and not self._cookies_said:
@@ -287,8 +276,7 @@ class Scheduler(BaseScheduler):
             if not self._popped and not self._pop():
                 return None
             popped = self._popped.popleft()
-            if self._slots.delays:  # seeded by `scrapy seed`: never enqueued here
-                self._slot_delay(popped.host)
+            self._slot_delay(popped.host)  # seeded by `scrapy seed`: never enqueued here
             try:
                 request = decode_request(popped.payload, self.spider)
             except SerializationError as exc:
@@ -340,44 +328,25 @@ class Scheduler(BaseScheduler):
 
     def host_delay(self, host: str, delay: float, source: str = "", **kwargs: Any) -> None:
         """Keep each source's delay per host; the frontier gets the largest."""
-        before = self._delay_of(host)
-        if source == wf_signals.LEARNED:
-            self._learned[host] = float(delay)
+        send = self.delays.update(host, delay, source)
+        if send is None:
+            return
+        # The latency rule changes one after most responses: they travel with the next
+        # exchange, the latest per host.
+        if self.link.aio is not None:
+            self.link.delays[host] = send
         else:
-            self._delays.setdefault(host, {})[source] = float(delay)
-        after = self._delay_of(host)
-        assert after is not None
-        if before is None or (abs(after - before) > 0.05 * max(before, 0.01)
-                              and _ms(after) != _ms(before)):
-            # The frontier counts delays in whole milliseconds: a change it would not see
-            # is not worth a round trip. The latency rule changes one after most responses:
-            # they travel with the next exchange, the latest per host.
-            if self.link.aio is not None:
-                self.link.delays[host] = after
-            else:
-                self.link.op("set_delay", self.frontier._delay_args(host, after))
+            self.link.op("set_delay", self.frontier._delay_args(host, send))
 
     def _frontier_lost_writes(self) -> None:
         """Redis went back in time: forget which links this worker sent (they may be gone,
         and would be dropped here when a page that found them is fetched again) and send
         every host delay this worker knows again (robots.txt's Crawl-delay included)."""
         self._recent.clear()
-        for host in {*self._delays, *self._learned}:  # sent with the next exchange or tick
-            delay = self._delay_of(host)
-            if delay is not None:
-                self.link.delays[host] = delay
-
-    def _delay_of(self, host: str) -> float | None:
-        """The largest delay any source gave ``host``, as far as this worker remembers."""
-        kept = self._delays.get(host)
-        delay = max(kept.values()) if kept else None
-        learned = self._learned.get(host)
-        if learned is not None and (delay is None or learned > delay):
-            delay = learned
-        return delay
+        self.link.delays.update(self.delays.known())  # sent with the next exchange or tick
 
     def _slot_delay(self, host: str) -> None:
-        delay = self._slots.first_seen(host)
+        delay = self.delays.slot_delay(host)
         if delay is not None:
             self.host_delay(host, delay, source="DOWNLOAD_SLOTS")
 
