@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pymongo
 import pytest
@@ -160,6 +161,12 @@ def test_seed_input_checks_in_process(tmp_path):
     with pytest.raises(CommandError, match="argument: 'http://127.0.0.2:0/x' cannot be "
                                            "fetched: port 0"):
         seed_command()._seed("generic", ["http://127.0.0.2:0/x"], seed_opts())
+    urls = tmp_path / "urls.txt"  # a file given as an argument, without -f
+    urls.write_text("http://127.0.0.2/x\n")
+    with pytest.raises(CommandError, match=re.escape(
+            f"argument: '{urls}' is not an http(s) URL; it is a file: to read URLs from it, "
+            f"give -f {urls} (nothing was enqueued)")):
+        seed_command()._seed("generic", [str(urls)], seed_opts())
     with pytest.raises(CommandError, match="cannot read .*missing.txt: No such file"):
         seed.UrlFile(str(tmp_path / "missing.txt"))
     binary = tmp_path / "binary.txt"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
 import sys
 import tempfile
 from collections import Counter
@@ -95,7 +96,7 @@ class Command(ScrapyCommand):
     def _seed(self, name: str, urls: list[str], opts: argparse.Namespace) -> None:
         assert self.settings is not None
         spidercls = spider_class(self.settings, name)
-        seeds = [_checked(u, "argument") for u in urls]
+        seeds = [_checked(u, "argument", file_hint=True) for u in urls]
         files = [UrlFile(path) for path in opts.files]  # checked now, read again below
         try:
             self._seed_checked(name, spidercls, seeds, files, opts)
@@ -211,12 +212,15 @@ def _progress(name: str, total: int) -> Callable[[int], None]:
     return say
 
 
-def _checked(url: str, where: str) -> str:
-    """``url`` stripped, or a CommandError before any frontier is opened."""
+def _checked(url: str, where: str, file_hint: bool = False) -> str:
+    """``url`` stripped, or a CommandError before any frontier is opened. With
+    ``file_hint``, an argument naming a file says to give it with ``-f``."""
     url = url.strip()
     if not is_http_url(url):  # it asks unfetchable() too; its reason is said when it has one
         why = unfetchable(url)
         problem = f"cannot be fetched: {why}" if why else "is not an http(s) URL"
+        if file_hint and os.path.isfile(url):
+            problem += f"; it is a file: to read URLs from it, give -f {url}"
         raise CommandError(f"{where}: {mask_credentials(url[:200])!r} {problem} "
                            "(nothing was enqueued)")
     return url
