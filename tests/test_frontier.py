@@ -15,6 +15,7 @@ import redis.asyncio
 from tests.relay import Relay
 from tests.servers import free_port
 from webfarm.frontier import MAX_PUSH, AsyncFrontier, Entry, Frontier, backoff
+from webfarm.frontier.core import MAX_ALSO
 from webfarm.frontier.reading import MAX_READ
 from webfarm.frontierlink import FrontierLink
 
@@ -170,7 +171,18 @@ def test_a_worker_kept_to_its_hosts_is_idle_when_they_are_done(
     assert mine.is_idle() and not everything.is_idle()
     assert asyncio.run(_idle_async(mine, redis_url)) is True
     mine.also_keep("B.test")  # e.g. its start URL, which Scrapy's offsite filter lets by
-    assert not mine.is_idle() and mine.pop("w1").host == "b.test"  # and without the wait
+    taken = mine.pop("w1")
+    assert not mine.is_idle() and taken.host == "b.test"  # and without the wait
+    assert mine.ack([taken.lease_id]) == 1 and mine.is_idle()
+    # Past MAX_ALSO such hosts it takes every host, and waits for the whole frontier: a
+    # request it queued to the next one was left behind when its own hosts were done.
+    for i in range(MAX_ALSO - 1):
+        mine.also_keep(f"h{i}.test")
+    assert mine.scope[-1] == f"h{MAX_ALSO - 2}.test"
+    mine.push([entry("many.test", "1")])
+    assert mine.is_idle()  # many.test is not its own yet
+    mine.also_keep("many.test")
+    assert mine.scope == [] and not mine.is_idle() and mine.pop("w1").host == "many.test"
 
 
 async def _idle_async(f: Frontier, redis_url: str) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import math
 import random
 import re
@@ -27,6 +28,8 @@ import redis
 from webfarm.frontier.bloom import hash_pair
 from webfarm.frontier.reading import FrontierReads, as_text
 from webfarm.urls import bare_host, host_of
+
+logger = logging.getLogger(__name__)
 
 _SCRIPT_DIR = resources.files("webfarm.frontier").joinpath("scripts")
 # One script from three files (each a part of one chunk; order matters), loaded once per
@@ -182,11 +185,20 @@ class Frontier(FrontierReads):
         """Count a host outside the domains as this worker's own: it queued a request
         there that Scrapy's offsite filter lets through (``dont_filter``, as start URLs
         have, or ``allow_offsite``), which would otherwise wait ``wait`` seconds, and
-        which an idle check of the domains alone would leave behind."""
+        which an idle check of the domains alone would leave behind. Past
+        :data:`MAX_ALSO` such hosts, the worker takes every host, as one with no domains
+        does, and is idle when the whole frontier is: no request it queued is left."""
         name = _spelled(name)
-        if self._scope and len(self._also) < MAX_ALSO and name and name not in self._also:
-            self._also.append(name)
-            self._scope = " ".join([*self._domains, *self._also])
+        if not self._scope or not name or name in self._also:
+            return
+        if len(self._also) >= MAX_ALSO:
+            self._scope = ""
+            logger.info("Requests queued to more than %d hosts outside allowed_domains: "
+                        "this worker now takes every host of the frontier, and stops when "
+                        "all of it is done", MAX_ALSO)
+            return
+        self._also.append(name)
+        self._scope = " ".join([*self._domains, *self._also])
 
     @property
     def scope(self) -> list[str]:
