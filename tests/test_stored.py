@@ -67,6 +67,28 @@ def test_parse_stored_runs_the_callback_and_follows_only_stored_pages(gone_site)
     assert "Traceback" not in result.stderr
 
 
+def test_parse_stored_pipelines_stores_items_and_leaves_the_page_as_fetched(gone_site):
+    """``--pipelines`` stores the items, as ``scrapy reparse`` does; the page is not
+    recorded as fetched again (before, its fetch_count went up and fetched_at and
+    next_fetch_at moved, with no request made)."""
+    stores, product, base, _ = gone_site
+    client = pymongo.MongoClient(stores["MONGO_URI"])
+    try:
+        db = client[stores["MONGO_DATABASE"]]
+        before = db.pages.find_one({"url": product})
+        db.products.delete_many({})
+        result = run(stores, "parse", "--stored", "--pipelines", "--spider=catalogue",
+                     "-a", f"start={base}/", product)
+        assert result.returncode == 0, result.output[-3000:]
+        assert db.pages.find_one({"url": product}) == before
+        assert db.pages.count_documents({}) == 1
+        item = db.products.find_one()
+        assert item["source_url"] == product and item["content_hash"] == before["content_hash"]
+        assert "'webfarm/items/created': 1" in result.stderr
+    finally:
+        client.close()
+
+
 def test_shell_stored_gives_the_stored_response(gone_site):
     stores, product, _, _ = gone_site
     code = "(response.status, response.flags, response.css('title::text').get())"

@@ -52,12 +52,33 @@ OFF_MIDDLEWARES = ("middlewares.ssrf.SSRFGuardMiddleware", "middlewares.render.R
 
 
 def use_stored_pages(settings: BaseSettings) -> None:
-    """Set ``settings`` (a command's, before its crawler) to answer from stored pages."""
+    """Set ``settings`` (a command's, before its crawler) to answer from stored pages.
+
+    ``parse --stored --pipelines`` stores items as ``scrapy reparse`` does: through the
+    project's pipelines and the item store, while the page storage pipelines (hash, blob,
+    index) are off. Before, the stored page was recorded as fetched again: its
+    ``fetch_count`` went up, and ``fetched_at`` and ``next_fetch_at`` moved, with no
+    request made."""
     for name, value in STORED_SETTINGS.items():
         settings.set(name, value, priority="cmdline")
     base = settings.getdict("DOWNLOADER_MIDDLEWARES_BASE")
     settings.set("DOWNLOADER_MIDDLEWARES_BASE",
                  {**base, **dict.fromkeys(OFF_MIDDLEWARES)}, priority="cmdline")
+    pipelines = settings.getdict("ITEM_PIPELINES_BASE")
+    settings.set("ITEM_PIPELINES_BASE",
+                 {path: None if _stores_pages(path) else order
+                  for path, order in pipelines.items()}, priority="cmdline")
+
+
+def _stores_pages(path: Any) -> bool:
+    """Is the pipeline at ``path`` one of webfarm's page storage pipelines (a
+    ``webfarm_stage`` other than the item store's)?"""
+    from scrapy.utils.misc import load_object
+
+    from webfarm.reparsepipes import ITEM_STORE_STAGE
+
+    stage = getattr(load_object(path), "webfarm_stage", None)
+    return stage is not None and stage != ITEM_STORE_STAGE
 
 
 class NotStored(IgnoreRequest):
