@@ -29,7 +29,7 @@ def _ms(seconds: float) -> int:
 
 class HostDelays:
     def __init__(self, settings: BaseSettings) -> None:
-        self.slots = SlotDelays(settings)
+        self.slots = SlotDelays(settings)  # DOWNLOAD_SLOTS floors, looked up once a host
         self._kept: dict[str, dict[str, float]] = {}
         self._learned: RecentHosts[float] = RecentHosts(host_memory_size(settings))
 
@@ -66,7 +66,3 @@ class HostDelays:
         """Every host's delay this worker remembers (to send again after Redis lost it)."""
         delays = {host: self.of(host) for host in {*self._kept, *self._learned}}
         return {host: delay for host, delay in delays.items() if delay is not None}
-
-    def slot_delay(self, host: str) -> float | None:
-        """The ``DOWNLOAD_SLOTS`` delay of ``host`` the first time this worker sees it."""
-        return self.slots.first_seen(host) if self.slots.delays else None

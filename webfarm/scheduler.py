@@ -257,7 +257,8 @@ class Scheduler(BaseScheduler):
             # Let through by Scrapy's offsite filter (a start URL on another host): this
             # worker's own work, not another crawl's.
             self.frontier.also_keep(bare_host(entry.host))
-        self._slot_delay(entry.host)
+        if self.delays.slots.delays:
+            self._slot_delay(entry.host)
         if not self._slot_said and "download_slot" in request.meta:
             self._slot_said = slot_not_used(request, entry.host)
         if request.cookies and not self._cookies_said:
@@ -276,7 +277,8 @@ class Scheduler(BaseScheduler):
             if not self._popped and not self._pop():
                 return None
             popped = self._popped.popleft()
-            self._slot_delay(popped.host)  # seeded by `scrapy seed`: never enqueued here
+            if self.delays.slots.delays:  # seeded by `scrapy seed`: never enqueued here
+                self._slot_delay(popped.host)
             try:
                 request = decode_request(popped.payload, self.spider)
             except SerializationError as exc:
@@ -346,7 +348,7 @@ class Scheduler(BaseScheduler):
         self.link.delays.update(self.delays.known())  # sent with the next exchange or tick
 
     def _slot_delay(self, host: str) -> None:
-        delay = self.delays.slot_delay(host)
+        delay = self.delays.slots.first_seen(host)
         if delay is not None:
             self.host_delay(host, delay, source="DOWNLOAD_SLOTS")
 
