@@ -40,6 +40,8 @@ def _check_store(store):
     assert store.put_once(key, b"other bytes", META) is False  # write-once
     assert store.get(key) == BODY
     assert store.metadata(key)["url"] == META["url"]
+    # re-parse reads both at once: the body's own content type and encoding
+    assert store.read(key) == (BODY, META)
     assert list(store.iter_keys()) == [key]
 
 

@@ -220,6 +220,34 @@ def test_bodies_are_read_ahead_a_bounded_number_at_once_one_read_a_body(index, t
     assert blobs.peak == 4  # reads overlap, never more than blob_reads at once
 
 
+def test_a_page_sharing_another_s_body_is_decoded_as_that_body_was(index, blobs):
+    """The same text in windows-1251 and in UTF-8 is one content: one blob, the first
+    page's bytes. The second page's own fetch said UTF-8; its re-parse reads the
+    windows-1251 bytes, and must decode them as such, not as mojibake."""
+    from webfarm.content import content_hash
+
+    now = dt.datetime.now(dt.timezone.utc)
+    html = "<html><head><title>Привет мир</title></head><body><p>Цена</p></body></html>"
+    fetched = [("cp1251", "text/html; charset=windows-1251"), ("utf-8", "text/html")]
+    hashes = set()
+    for i, (encoding, content_type) in enumerate(fetched):
+        url, body = f"{SHOP}/page/{i}", html.encode(encoding)
+        digest = content_hash(body, content_type, encoding)
+        hashes.add(digest)
+        # as the blob pipeline writes it: put once, with the metadata of the first page
+        blobs.put_once(blob_key(digest), body, {"url": url, "content-type": content_type,
+                                                "encoding": encoding})
+        index.pages.insert_one({
+            "_id": url_fingerprint(url), "url": url, "spider": ProductsSpider.name,
+            "status": 200, "content_type": content_type, "encoding": encoding,
+            "content_hash": digest, "blob_key": blob_key(digest), "fetched_at": now})
+    assert len(hashes) == 1 and len(list(blobs.iter_keys())) == 1
+
+    stats = reparser(index, blobs).run()
+    assert stats.pages == 2 and stats.errors == 0
+    assert set(titles(index).values()) == {"Привет мир"}
+
+
 def test_a_dry_run_counts_what_a_run_would_do_and_writes_nothing(index, blobs, caplog):
     store_pages(index, blobs, 12, skus=3)  # 12 titles; 3 products and 3 skus_seen, 4 times each
 

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import unquote, urlsplit
 
 META_SUFFIX = ".meta.json"
@@ -120,6 +120,15 @@ def decompress(data: bytes) -> bytes:
 BlobWrite = tuple[str, bytes, dict[str, str]]  # key, body, metadata
 
 
+class Blob(NamedTuple):
+    """A body and the metadata written with it: the content type and encoding of *these*
+    bytes (the first page that had the content), which a page sharing the content by
+    its hash may not have had."""
+
+    body: bytes
+    metadata: dict[str, str]
+
+
 class BlobStore(Protocol):
     uri: str
 
@@ -128,6 +137,7 @@ class BlobStore(Protocol):
     def put_once(self, key: str, body: bytes, metadata: dict[str, str]) -> bool: ...
     def put_many(self, writes: list[BlobWrite], concurrency: int = 8) -> list[bool | str]: ...
     def get(self, key: str) -> bytes: ...
+    def read(self, key: str) -> Blob: ...
     def metadata(self, key: str) -> dict[str, str]: ...
     def iter_keys(self, prefix: str = "raw/") -> Iterator[str]: ...
 
@@ -253,6 +263,14 @@ class FileBlobStore(PutMany):
         except FileNotFoundError:
             raise BlobMissing(f"no blob {key} in {self.uri}") from None
         return decompress(data)
+
+    def read(self, key: str) -> Blob:
+        """The body under ``key`` with its metadata ({} if its file is gone)."""
+        body = self.get(key)
+        try:
+            return Blob(body, self.metadata(key))
+        except (OSError, ValueError):  # written first, so only a hand could remove it
+            return Blob(body, {})
 
     def metadata(self, key: str) -> dict[str, str]:
         path = self._path(key)

@@ -47,7 +47,7 @@ from scrapy.http import Response
 
 from webfarm import batching, serialize
 from webfarm.batching import RETRY_SECONDS, TRANSIENT
-from webfarm.blobstore import BlobDamaged, BlobMissing, BlobStore
+from webfarm.blobstore import Blob, BlobDamaged, BlobMissing, BlobStore
 from webfarm.index import IndexStore
 from webfarm.items import PageItem
 from webfarm.itemstore import (
@@ -212,7 +212,7 @@ class Reparser:
                 self.pipelines.close()
         return stats
 
-    def _page(self, doc: dict[str, Any], read: Future[bytes], stats: ReparseStats
+    def _page(self, doc: dict[str, Any], read: Future[Blob], stats: ReparseStats
               ) -> list[ItemEntry]:
         try:
             body = self._reader.body(doc["blob_key"], read)

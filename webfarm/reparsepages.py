@@ -24,7 +24,7 @@ from scrapy.responsetypes import responsetypes
 
 from webfarm import batching
 from webfarm.batching import TRANSIENT
-from webfarm.blobstore import BlobStore
+from webfarm.blobstore import Blob, BlobStore
 from webfarm.index import IndexStore
 
 logger = logging.getLogger(__name__)
@@ -61,20 +61,30 @@ def page_query(spider: str, since: dt.datetime | None = None,
     return query
 
 
-def rebuild_response(doc: dict[str, Any], body: bytes, request: Request | None = None,
+def rebuild_response(doc: dict[str, Any], body: bytes | Blob, request: Request | None = None,
                      flags: list[str] | None = None) -> Response:
     """The response a spider callback saw at crawl time, from a ``pages`` document (for
-    ``request``, else a GET of the stored URL)."""
+    ``request``, else a GET of the stored URL).
+
+    The body's content type and encoding are those written with the blob, when it has
+    them: a page that shares its content hash with another (``duplicate_of``, or a
+    refetch whose text did not change) has that page's bytes, which may be in another
+    encoding than its own fetch was (the same text in UTF-8 and in windows-1251)."""
+    own: dict[str, str] = {}
+    if isinstance(body, Blob):
+        body, own = body
     headers = Headers(doc.get("headers") or {})
-    if doc.get("content_type"):
-        headers[b"Content-Type"] = doc["content_type"]
+    content_type = own.get("content-type") or doc.get("content_type")
+    if content_type:
+        headers[b"Content-Type"] = content_type
     headers.pop(b"Content-Encoding", None)  # the stored body is the decoded one
     headers.pop(b"Content-Length", None)
     url = doc.get("final_url") or doc["url"]
     cls = responsetypes.from_args(headers=headers, url=url, body=body)
     kwargs: dict[str, Any] = {}
-    if issubclass(cls, TextResponse) and doc.get("encoding"):
-        kwargs["encoding"] = doc["encoding"]
+    encoding = own.get("encoding") or doc.get("encoding")
+    if issubclass(cls, TextResponse) and encoding:
+        kwargs["encoding"] = encoding
     return cls(url=url, status=int(doc.get("status") or 200), headers=headers, body=body,
                request=request or Request(doc["url"]), flags=flags or ["reparse"], **kwargs)
 
@@ -85,7 +95,7 @@ class PageReader:
     it succeeds (re-parse's outage wait), or raises past its limit."""
 
     def __init__(self, index: IndexStore, blobs: BlobStore, index_outage: batching.Outage,
-                 retry_read: Callable[[Callable[[], bytes]], bytes], page_batch: int = 500,
+                 retry_read: Callable[[Callable[[], Blob]], Blob], page_batch: int = 500,
                  blob_reads: int = 8, hint: list[tuple[str, int]] | None = None) -> None:
         self.index = index
         self.blobs = blobs
@@ -94,7 +104,7 @@ class PageReader:
         self.page_batch = page_batch
         self.blob_reads = max(1, blob_reads)  # at once, WEBFARM_BLOB_CONCURRENCY
         self.hint = hint  # the content_hash index, when it could be made sure of
-        self._reread: tuple[str, bytes] | None = None  # the last body read again, by key
+        self._reread: tuple[str, Blob] | None = None  # the last body read again, by key
 
     def pages(self, query: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """The ``pages`` documents in content-hash order, on its index: the pages that share
@@ -126,25 +136,25 @@ class PageReader:
                 logger.info("reparse: the page cursor timed out on the server; reopened")
 
     def read_ahead(self, docs: Iterator[dict[str, Any]], pool: ThreadPoolExecutor
-                   ) -> Iterator[tuple[dict[str, Any], Future[bytes]]]:
+                   ) -> Iterator[tuple[dict[str, Any], Future[Blob]]]:
         """Each page with the read of its body, started up to ``2 * blob_reads`` pages
         ahead, ``blob_reads`` at once: an S3 read is a round trip, and one at a time a
         20 ms endpoint gave 75 pages/s (bench/bench_reparse.py). The pages that share a
         body come together (content-hash order) and share one read; the window bounds
         the bodies held in memory."""
-        window: deque[tuple[dict[str, Any], Future[bytes]]] = deque()
+        window: deque[tuple[dict[str, Any], Future[Blob]]] = deque()
         key: str | None = None
-        read: Future[bytes] | None = None
+        read: Future[Blob] | None = None
         for doc in docs:
             if read is None or doc["blob_key"] != key:
                 key = doc["blob_key"]
-                read = pool.submit(self.blobs.get, key)
+                read = pool.submit(self.blobs.read, key)
             window.append((doc, read))
             if len(window) > 2 * self.blob_reads:
                 yield window.popleft()
         yield from window
 
-    def body(self, key: str, read: Future[bytes]) -> bytes:
+    def body(self, key: str, read: Future[Blob]) -> Blob:
         """The body a read ahead got. One that failed for now (an outage, a blip) is read
         again here, where an outage is waited out; a missing or damaged blob raises."""
         if self._reread is not None and self._reread[0] == key:
@@ -152,6 +162,6 @@ class PageReader:
         try:
             return read.result()
         except TRANSIENT:
-            body = self.retry_read(lambda: self.blobs.get(key))
+            body = self.retry_read(lambda: self.blobs.read(key))
             self._reread = (key, body)
             return body

@@ -11,7 +11,14 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, unquote
 
-from webfarm.blobstore import BlobMissing, BlobStoreError, Compression, PutMany, decompress
+from webfarm.blobstore import (
+    Blob,
+    BlobMissing,
+    BlobStoreError,
+    Compression,
+    PutMany,
+    decompress,
+)
 
 _NOT_FOUND = ("404", "NoSuchKey", "NotFound")  # S3 error codes of a key that is not there
 S3_METADATA_BYTES = 2000  # S3 refuses a PUT whose user metadata passes 2 KB (keys and values)
@@ -126,6 +133,10 @@ class S3BlobStore(PutMany):
 
     def get(self, key: str) -> bytes:
         """The body under ``key``; BlobMissing or BlobDamaged when there is none to read."""
+        return self.read(key).body
+
+    def read(self, key: str) -> Blob:
+        """The body under ``key`` and its metadata, in one GET."""
         from botocore.exceptions import ClientError
 
         try:
@@ -134,7 +145,8 @@ class S3BlobStore(PutMany):
             if exc.response.get("Error", {}).get("Code") in _NOT_FOUND:
                 raise BlobMissing(f"no blob {key} in {self.uri}") from None
             raise
-        return decompress(obj["Body"].read())
+        metadata = {k: unquote(v) for k, v in obj.get("Metadata", {}).items()}
+        return Blob(decompress(obj["Body"].read()), metadata)
 
     def metadata(self, key: str) -> dict[str, str]:
         head = self.client.head_object(Bucket=self.bucket, Key=self.prefix + key)

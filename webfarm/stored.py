@@ -119,7 +119,7 @@ class StoredPages:
                 ) -> Response:
         """The response of a page :meth:`find` gave, its body read from the blob store."""
         try:
-            body = self.blobs.get(doc["blob_key"])
+            body = self.blobs.read(doc["blob_key"])
         except (BlobMissing, BlobDamaged) as exc:
             raise NotStored(f"the stored body of {url} cannot be read ({exc}); fetch it "
                             "live, without --stored") from None
