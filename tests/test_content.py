@@ -252,6 +252,24 @@ def test_broken_html_keeps_its_text() -> None:
     assert content_hash(b"", "text/html") == hashlib.sha256(b"").hexdigest()
 
 
+def test_pages_without_text_or_links_hash_on_their_markup() -> None:
+    """Script-only shells and image-only pages have no visible text: they must not all
+    be the empty page's content (a re-parse of one would read another's body)."""
+    shell = b"<html><body><div id=root></div><script src='/app-%s.js'></script></body></html>"
+    images = b"<html><body><img src='/a.png'><img src='/b.png'></body></html>"
+    empty = hashlib.sha256(b"").hexdigest()
+    hashes = {h(shell % b"one"), h(shell % b"two"), h(images), h(b"<html></html>"), empty}
+    assert len(hashes) == 5  # each its own content
+    # still the same content: other whitespace, a volatile fragment masked
+    assert h(shell % b"one") == h(b"<html>\n  <body><div id=root></div>"
+                                  b"<script src='/app-one.js'></script></body></html>")
+    stamped = b"<html><body><script src='/app.js?sessionid=%s'></script></body></html>"
+    assert h(stamped % b"abc123") == h(stamped % b"zz9")
+    assert h(b"") == h(b"  \n") == empty  # an empty body is the empty content
+    assert fingerprint(images, "text/html", with_simhash=True) == (h(images), None)
+    assert h(b"<p>text</p>") == hashlib.sha256(b"text").hexdigest()  # text: as before
+
+
 def test_deep_nesting_does_not_lose_content() -> None:
     # libxml2 gives up past its depth limit; the content after it must still count
     def deep(tail: str) -> bytes:

@@ -31,6 +31,12 @@ and drops what changes without meaning:
   values, per-request ids. Bare dates are kept: a publication date is content.
   (The patterns and their masking: :mod:`webfarm.volatile`.)
 
+An HTML page with no visible text and no links (a script-only shell the
+browser did not fill, a page of images) is hashed on its whole markup instead,
+whitespace collapsed and volatile fragments masked: by the rule above all such
+pages would share the empty hash, and a re-parse of one would read another's body
+(the first stored, often an empty page). Such a page gets no SimHash.
+
 Non-HTML bodies (PDF, images, JSON, feeds) are hashed as raw bytes: there is
 no safe generic normalisation for them.
 
@@ -181,6 +187,24 @@ def normalise_html(
     return joined
 
 
+_TAG_GAP = re.compile(r">\s+<")  # indentation between tags
+
+
+def _markup_only(
+    body: bytes, encoding: str | None, volatile: Sequence[str | re.Pattern[str]]
+) -> str:
+    """What a page with no visible text and no links is hashed on: its whole markup,
+    whitespace between tags dropped, the rest collapsed, volatile fragments masked;
+    ``""`` for a blank body. The NUL in front keeps it apart from any visible text
+    (``_decode`` drops NULs)."""
+    joined = " ".join(_TAG_GAP.sub("><", _decode(body, encoding)).split())
+    if not joined:
+        return ""
+    if volatile:
+        joined = mask_volatile(joined, volatile)
+    return "\x00markup " + unicodedata.normalize("NFC", joined)
+
+
 def is_html(body: bytes, content_type: str | bytes | None = None) -> bool:
     """By media type when there is one; by sniffing the first KiB when there is not."""
     if isinstance(content_type, bytes):
@@ -197,7 +221,8 @@ def content_hash(
     encoding: str | None = None,
     volatile: Sequence[str | re.Pattern[str]] = DEFAULT_VOLATILE_PATTERNS,
 ) -> str:
-    """SHA-256 hex (64 chars) of :func:`normalise_html` for HTML, of the raw bytes otherwise.
+    """SHA-256 hex (64 chars) of :func:`normalise_html` for HTML (of the markup when
+    that is empty), of the raw bytes otherwise.
 
     ``encoding`` defaults to the charset in ``content_type``.
     """
@@ -208,7 +233,7 @@ def content_hash(
         if isinstance(content_type, bytes):
             content_type = content_type.decode("latin-1")
         encoding = http_content_type_encoding(content_type)
-    text = normalise_html(body, encoding, volatile)
+    text = normalise_html(body, encoding, volatile) or _markup_only(body, encoding, volatile)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -244,8 +269,12 @@ def fingerprint(
             content_type = content_type.decode("latin-1")
         encoding = http_content_type_encoding(content_type)
     text = normalise_html(body, encoding, volatile)
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    result = digest, simhash(text) if with_simhash else None
+    if text:
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        result = digest, simhash(text) if with_simhash else None
+    else:  # nothing to compare for "nearly the same"
+        markup = _markup_only(body, encoding, volatile)
+        result = hashlib.sha256(markup.encode("utf-8")).hexdigest(), None
     with _CACHE_LOCK:
         _CACHE[key] = result
         while len(_CACHE) > FINGERPRINT_CACHE:
