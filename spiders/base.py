@@ -208,6 +208,12 @@ class WebfarmSpider(scrapy.Spider):
                              f"{cls.__name__}.allowed_domains"))
         return {"start": start, "domains": domains, "max_pages": max_pages}
 
+    @classmethod
+    def check_crawl_arguments(cls, **spargs: Any) -> dict[str, Any]:
+        """:meth:`check_arguments`, and what a crawl needs on top of them (a re-parse and
+        ``--stored`` fetch nothing); ``scrapy crawl`` and ``runspider`` call this one."""
+        return cls.check_arguments(**spargs)
+
     async def start(self) -> AsyncIterator[Any]:
         for url in self.start_urls:
             # Scrapy fetches a start URL outside allowed_domains (its start requests are

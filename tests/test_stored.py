@@ -4,6 +4,7 @@ index and the blob store, with the site down: no request leaves the machine."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import uuid
 
 import pymongo
@@ -14,6 +15,7 @@ from tests import runner
 from tests.testweb import TestWeb
 from webfarm.blobstore import open_blob_store
 from webfarm.commands import fetch, parse, shell, view
+from webfarm.urls import url_fingerprint
 
 
 def run(stores, *args: str, **env: str) -> runner.Result:
@@ -87,6 +89,43 @@ def test_parse_stored_pipelines_stores_items_and_leaves_the_page_as_fetched(gone
         assert "'webfarm/items/created': 1" in result.stderr
     finally:
         client.close()
+
+
+def test_a_page_the_generic_spider_stored_needs_no_spider_arguments(gone_site):
+    """``generic`` needs ``-a start`` or ``-a domains`` to crawl, not to read what it
+    stored: ``fetch --stored`` (which has no ``-a``) died with a traceback, and
+    ``reparse generic`` refused to run."""
+    stores, product, base, body = gone_site
+    client = pymongo.MongoClient(stores["MONGO_URI"])
+    try:
+        pages = client[stores["MONGO_DATABASE"]].pages
+        page = pages.find_one({"url": product})
+        url = f"{base}/mirror/{uuid.uuid4().hex[:8]}"
+        pages.insert_one({**page, "_id": url_fingerprint(url), "url": url, "final_url": url,
+                          "spider": "generic"})
+        result = run(stores, "fetch", "--stored", "--nolog", url)
+        assert result.returncode == 0, result.output[-3000:]
+        assert result.stdout.encode() == body + b"\n"
+        reparse = run(stores, "reparse", "generic", "--dry-run")
+        assert reparse.returncode == 0, reparse.output[-3000:]
+        assert "pages=1 " in reparse.output and "errors=0" in reparse.output
+    finally:
+        client.close()
+
+
+def test_generic_crawled_without_start_or_domains_closes_saying_why(caplog):
+    """Outside ``scrapy crawl`` (which refuses it first), a generic crawl with neither
+    argument closes at its start rather than take every host of the frontier."""
+    from scrapy.exceptions import CloseSpider
+
+    from spiders.generic import GenericSpider
+
+    with pytest.raises(ValueError, match="generic needs -a start=URL"):
+        GenericSpider.check_crawl_arguments()
+    with pytest.raises(CloseSpider):
+        asyncio.run(anext(GenericSpider().start()))
+    assert "generic needs -a start=URL" in caplog.text
+    assert asyncio.run(anext(GenericSpider(domains="127.0.0.7").start(), None)) is None
 
 
 def test_shell_stored_gives_the_stored_response(gone_site):

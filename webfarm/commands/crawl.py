@@ -103,7 +103,8 @@ def prepare(settings: BaseSettings, spidercls: type | None, opts: argparse.Names
     if spidercls is not None:
         try:
             refuse_ignored_start_requests(spidercls)
-            check = getattr(spidercls, "check_arguments", None)
+            check = getattr(spidercls, "check_crawl_arguments", None) or getattr(
+                spidercls, "check_arguments", None)
             if check is not None:
                 check(**opts.spargs)
         except ValueError as exc:
