@@ -44,7 +44,8 @@ class PageHasher:
     def from_settings(cls, settings: BaseSettings, threads: StorageThreads,
                       stats: StatsCollector | None = None) -> PageHasher:
         raw = settings.get("WEBFARM_VOLATILE_PATTERNS") or []
-        return cls(threads, volatile_patterns(raw), settings.getbool("WEBFARM_NEARDUP", True),
+        volatile = volatile_patterns(raw, settings.getbool("WEBFARM_VOLATILE_TIMES", True))
+        return cls(threads, volatile, settings.getbool("WEBFARM_NEARDUP", True),
                    stats, settings.getint("WEBFARM_HASH_PROCESSES", 1),
                    sched_batch_setting(settings))
 

@@ -322,6 +322,10 @@ WEBFARM_NEARDUP_DISTANCE = 3
 WEBFARM_HASH_PROCESSES = 1
 # Extra regexes masked before content hashing (added to webfarm.content's built-in list).
 WEBFARM_VOLATILE_PATTERNS: list[str] = []
+# Mask times (date-times, clock times with seconds, "3 minutes ago") before hashing. Off for
+# sites where a time is the content (timetables, events, results): a changed time is then
+# a changed page, stored again.
+WEBFARM_VOLATILE_TIMES = True
 
 # --- monitoring and alerts (webfarm/monitor/) --------------------------------
 # Per-host figures in Redis, per time bucket: webfarm:{SPIDER}:m:<bucket start>.

@@ -461,3 +461,26 @@ def test_volatile_patterns_setting_adds_to_the_defaults() -> None:
     assert volatile_patterns("a\n\nb") == (*DEFAULT_VOLATILE_PATTERNS, "a", "b")
     with pytest.raises(ValueError, match="WEBFARM_VOLATILE_PATTERNS: '\\(oops'"):
         volatile_patterns(["(oops"])
+
+
+def test_volatile_times_off_keeps_a_changed_time_a_change() -> None:
+    """A timetable or an event page: its time is the content. With the built-in masking
+    a moved departure was "unchanged", its new body never stored."""
+    from scrapy.settings import Settings
+
+    from pipelines.content import PageHasher
+
+    page = b"<p>Flight LH123 departs %s</p><p>Request ID: %s</p><p>Seen 3 minutes ago</p>"
+    one, two = page % (b"2026-12-24 10:15", b"a1b2c3d4e5"), page % (b"2026-12-24 11:45",
+                                                                    b"f6e5d4c3b2")
+    assert content_hash(one, "text/html") == content_hash(two, "text/html")  # the default
+    off = PageHasher.from_settings(Settings({"WEBFARM_VOLATILE_TIMES": False}),
+                                   threads=None).volatile  # type: ignore[arg-type]
+    assert content_hash(one, "text/html", volatile=off) != content_hash(
+        two, "text/html", volatile=off)
+    # the other built-in patterns still apply: a new request id alone is no change
+    assert content_hash(one, "text/html", volatile=off) == content_hash(
+        one.replace(b"a1b2c3d4e5", b"0f0f0f0f0f"), "text/html", volatile=off)
+    again = one.replace(b"3 minutes", b"9 minutes")
+    assert content_hash(one, "text/html", volatile=off) != content_hash(
+        again, "text/html", volatile=off)

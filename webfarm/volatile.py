@@ -4,7 +4,8 @@
 ``WEBFARM_VOLATILE_PATTERNS``) match in a page's normalised text, each match replaced by
 ``~``: date-times and clock times with seconds, "3 minutes ago", "generated in 0.12 s",
 session ids, CSRF tokens and nonces in URLs, cache-buster query values, per-request ids.
-Bare dates are kept: a publication date is content.
+Bare dates are kept: a publication date is content. ``WEBFARM_VOLATILE_TIMES = False``
+keeps times too (:data:`TIME_PATTERNS`), for sites where they are content.
 
 Python's re costs 1-9 ms per pattern on a 100 KB page, so each built-in pattern has a
 gate (a word it cannot match without) and the date-time ones run only on windows around
@@ -17,7 +18,7 @@ import re
 from collections.abc import Sequence
 from functools import lru_cache
 
-__all__ = ["DEFAULT_VOLATILE_PATTERNS", "mask_volatile", "volatile_patterns"]
+__all__ = ["DEFAULT_VOLATILE_PATTERNS", "TIME_PATTERNS", "mask_volatile", "volatile_patterns"]
 
 _VALUE = r"(?P<v>[^?&;#\s<>\"']+)"
 _MONTH = r"(?:jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?"
@@ -105,6 +106,11 @@ _VOLATILE: tuple[tuple[str, _Gate], ...] = (
 #: named ``v``, only that group is replaced (so ``sid=abc`` becomes ``sid=~``).
 DEFAULT_VOLATILE_PATTERNS: tuple[str, ...] = tuple(pattern for pattern, _ in _VOLATILE)
 _GATES: dict[str, _Gate] = dict(_VOLATILE)
+#: The built-in patterns of times (date-times, clock times with seconds, "3 minutes ago"),
+#: left out with ``WEBFARM_VOLATILE_TIMES = False``: on a timetable, a race result or an
+#: event page a time is the content, and masked, its change is never stored.
+TIME_PATTERNS: tuple[str, ...] = tuple(
+    pattern for pattern, gate in _VOLATILE if gate is _CLOCK or gate == "ago")
 
 _PLACEHOLDER = "~"
 
@@ -191,9 +197,11 @@ def mask_volatile(text: str, volatile: Sequence[str | re.Pattern[str]]) -> str:
     return text
 
 
-def volatile_patterns(extra: Sequence[str] | str | None) -> tuple[str, ...]:
-    """The built-in patterns plus ``WEBFARM_VOLATILE_PATTERNS`` (a list, or one regex per
-    line). Raises ValueError naming a pattern that does not compile."""
+def volatile_patterns(extra: Sequence[str] | str | None, times: bool = True
+                      ) -> tuple[str, ...]:
+    """The built-in patterns (without :data:`TIME_PATTERNS` unless ``times``) plus
+    ``WEBFARM_VOLATILE_PATTERNS`` (a list, or one regex per line). Raises ValueError
+    naming a pattern that does not compile."""
     if isinstance(extra, str):
         extra = [line for line in extra.splitlines() if line.strip()]
     added = tuple(p.strip() for p in extra or () if p and p.strip())
@@ -204,4 +212,6 @@ def volatile_patterns(extra: Sequence[str] | str | None) -> tuple[str, ...]:
             raise ValueError(
                 f"WEBFARM_VOLATILE_PATTERNS: {pattern!r} is not a valid regex ({exc}); fix it"
             ) from None
-    return DEFAULT_VOLATILE_PATTERNS + added
+    builtin = DEFAULT_VOLATILE_PATTERNS if times else tuple(
+        p for p in DEFAULT_VOLATILE_PATTERNS if p not in TIME_PATTERNS)
+    return builtin + added
