@@ -247,6 +247,7 @@ class WebfarmSpider(scrapy.Spider):
         return PageItem(
             url=request_url,
             final_url=response.url,
+            redirect_urls=list(response.meta.get("redirect_urls") or ()) or None,
             host=host_of(request_url),
             spider=self.name,
             status=response.status,

@@ -248,6 +248,35 @@ def test_a_page_sharing_another_s_body_is_decoded_as_that_body_was(index, blobs)
     assert set(titles(index).values()) == {"Привет мир"}
 
 
+def test_a_redirected_page_is_re_parsed_at_the_end_of_its_redirects(index, blobs):
+    """The callback's request is the last of the redirects, with Scrapy's
+    ``redirect_urls``, as in the crawl (it was the first URL, with none)."""
+    from scrapy import Request
+    from scrapy.http import HtmlResponse
+
+    from webfarm.content import content_hash
+
+    start, hop, final = f"{SHOP}/old", f"{SHOP}/older", f"{SHOP}/page/new"
+    body = b"<html><head><title>Moved</title></head><body><p>here</p></body></html>"
+    crawled = HtmlResponse(final, body=body, headers={"Content-Type": "text/html"},
+                           request=Request(final, meta={"redirect_urls": [start, hop]}))
+    job = reparser(index, blobs)
+    item = job.spider.page_item(crawled)
+    item.content_hash = content_hash(body, "text/html")
+    item.blob_key = blob_key(item.content_hash)
+    blobs.put_once(item.blob_key, body, {"url": final, "content-type": "text/html"})
+    index.record_pages([{**vars(item), "hashing": None}])
+    seen = []
+    extract = job.callback
+    job.callback = lambda response: (seen.append(response), extract(response))[1]
+
+    assert job.run().pages == 1
+    (response,) = seen
+    assert response.url == response.request.url == final
+    assert response.meta["redirect_urls"] == [start, hop]
+    assert titles(index) == {final: "Moved"}
+
+
 def test_a_dry_run_counts_what_a_run_would_do_and_writes_nothing(index, blobs, caplog):
     store_pages(index, blobs, 12, skus=3)  # 12 titles; 3 products and 3 skus_seen, 4 times each
 

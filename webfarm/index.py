@@ -362,6 +362,7 @@ class IndexStore:
             fields.update({
                 "url": canonical_url(page["url"]),
                 "final_url": page["final_url"],
+                "redirect_urls": page.get("redirect_urls"),
                 "host": page["host"],
                 "spider": page["spider"],
                 "status": page["status"],

@@ -56,6 +56,9 @@ class PageItem:
     callback: str | None = None
     # Its request's cb_kwargs, as JSON (webfarm.serialize.dumps_value), for that callback.
     cb_kwargs: str | None = field(default=None, repr=False)
+    # The URLs redirected from, first to last (Scrapy's ``redirect_urls`` meta); None when
+    # there was no redirect. Re-parse gives them back to the callback's request.
+    redirect_urls: list[str] | None = None
     # One id per fetch, so a retried index write is recognised and applied once.
     fetch_id: str = field(default_factory=_fetch_id, repr=False)
     # Filled by the pipelines.

@@ -29,8 +29,8 @@ from webfarm.index import IndexStore
 
 logger = logging.getLogger(__name__)
 
-PROJECTION = ("url", "final_url", "status", "headers", "content_type", "encoding",
-              "content_hash", "blob_key", "fetched_at", "callback", "cb_kwargs")
+PROJECTION = ("url", "final_url", "redirect_urls", "status", "headers", "content_type",
+              "encoding", "content_hash", "blob_key", "fetched_at", "callback", "cb_kwargs")
 
 
 def shard_range(shard: tuple[int, int]) -> dict[str, str]:
@@ -85,8 +85,11 @@ def rebuild_response(doc: dict[str, Any], body: bytes | Blob, request: Request |
     encoding = own.get("encoding") or doc.get("encoding")
     if issubclass(cls, TextResponse) and encoding:
         kwargs["encoding"] = encoding
+    if request is None:  # the request the response came to: the last of its redirects
+        hops = doc.get("redirect_urls") or ([doc["url"]] if url != doc["url"] else None)
+        request = Request(url, meta={"redirect_urls": hops} if hops else None)
     return cls(url=url, status=int(doc.get("status") or 200), headers=headers, body=body,
-               request=request or Request(doc["url"]), flags=flags or ["reparse"], **kwargs)
+               request=request, flags=flags or ["reparse"], **kwargs)
 
 
 class PageReader:
