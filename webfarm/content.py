@@ -15,10 +15,14 @@ So :func:`normalise_html` keeps what makes a page *this* page:
   occur, because two pages with the same text but different navigation
   targets are different pages (a pager, a "next" link, a product link
   swapped behind the same label) and the crawl follows those links;
+* JSON-LD (``<script type="application/ld+json">``): structured data written
+  for machines, which extractors read first (a product's price, its
+  availability); a change there is a change even where the visible text kept
+  its words;
 
 and drops what changes without meaning:
 
-* ``<script>``, ``<style>``, ``<template>`` and ``<noscript>`` (JSON blobs,
+* other ``<script>``, ``<style>``, ``<template>`` and ``<noscript>`` (JSON blobs,
   nonces, build hashes; ``<noscript>`` holds tracking pixels and "enable
   JavaScript" chrome, and it is not rendered by the browser rung, so dropping
   it keeps HTTP and browser fetches of one page comparable), comments and
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import json
 import re
 import threading
 import unicodedata
@@ -115,6 +120,8 @@ def _pieces_lxml(text: str) -> list[str] | None:
             if tag in _DROP_TAGS or (
                 tag == "input" and (el.get("type") or "").strip().lower() == "hidden"
             ):
+                if tag == "script" and el.text and _is_json_ld(el.get("type")):
+                    pieces.append(_json_ld(el.text))
                 walker.skip_subtree()
                 continue
             if tag in _LINK_TAGS:
@@ -130,16 +137,41 @@ def _pieces_lxml(text: str) -> list[str] | None:
 
 _RX_DROP = re.compile(
     r"<!--.*?(?:-->|$)|<\?.*?(?:>|$)"
-    r"|<(script|style|noscript|template)\b.*?(?:</\1\s*>|$)",
+    r"|<(script|style|noscript|template)\b([^>]*)>?(.*?)(?:</\1\s*>|$)",
     re.IGNORECASE | re.DOTALL,
 )
+_RX_TYPE = re.compile(r"""\btype\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""", re.IGNORECASE)
+
+
+def _is_json_ld(media: str | None) -> bool:
+    return (media or "").strip().lower() == "application/ld+json"
+
+
+def _dropped(match: re.Match[str]) -> str:
+    """A comment, a PI or a script-like element: a space, or a JSON-LD script's text."""
+    tag, attrs, inner = match.group(1, 2, 3)
+    if tag and tag.lower() == "script" and attrs:
+        media = _RX_TYPE.search(attrs)
+        if media and _is_json_ld(next(g for g in media.groups() if g is not None)):
+            return f" {_json_ld(inner)} "
+    return " "
+
+
+def _json_ld(text: str) -> str:
+    """JSON-LD in one spelling (keys sorted, no spaces), so a re-indented or reordered
+    block is no change; as it is when it does not parse."""
+    try:
+        return json.dumps(json.loads(text), sort_keys=True, ensure_ascii=False,
+                          separators=(",", ":"))
+    except (ValueError, RecursionError):
+        return text
 _RX_TAG = re.compile(r"<(/?)([a-zA-Z][^\s/>]*)([^>]*)>?")
 _RX_HREF = re.compile(r"""\bhref\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""", re.IGNORECASE)
 
 
 def _pieces_regex(text: str) -> list[str]:
     """Fallback for documents libxml2 cannot build a whole tree for."""
-    text = _RX_DROP.sub(" ", text)
+    text = _RX_DROP.sub(_dropped, text)
     pieces: list[str] = []
     pos = 0
     for m in _RX_TAG.finditer(text):
