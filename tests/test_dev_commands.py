@@ -54,6 +54,8 @@ def test_scrapy_parse_shows_a_page_s_items_and_links_and_queues_nothing(dev_web,
     assert result.returncode == 0, result.output[-3000:]
     out = result.stdout
     assert "# Scraped Items" in out and f"'url': '{product}'" in out  # the page item
+    assert " bytes (the page, stored raw)" in out and "fetch_id" not in out  # in short
+    assert "<!DOCTYPE" not in out.upper()  # not its raw body
     assert f"<GET {base}/about>" in out and "/print/product/" in out  # its links, shown
     fetched = [h.path for h in dev_web.hits_for(host=base)]
     assert fetched == ["/robots.txt", product[len(base):]]  # that page alone, robots first

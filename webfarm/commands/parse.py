@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import argparse
 import warnings
+from typing import Any
 
 from scrapy.commands.parse import Command as ScrapyCommand
 from scrapy.exceptions import ScrapyDeprecationWarning
 
 from webfarm.commands._local import FromStore
+from webfarm.items import PageItem
+
+
+def shown(item: Any) -> Any:
+    """What ``parse`` prints of an item: a page record as a short summary. Printed whole,
+    its raw body and storage fields came before the spider's own items."""
+    if not isinstance(item, PageItem):
+        return item
+    summary: dict[str, Any] = {"url": item.url, "status": item.status,
+                               "content_type": item.content_type,
+                               "body": f"{len(item.body):,} bytes (the page, stored raw)"}
+    if item.final_url != item.url:
+        summary["final_url"] = item.final_url
+    return summary
 
 
 class Command(FromStore, ScrapyCommand):
@@ -20,3 +35,7 @@ class Command(FromStore, ScrapyCommand):
             warnings.filterwarnings("ignore", ".*Returning Deferreds from spider callbacks",
                                     ScrapyDeprecationWarning)
             super().run(args, opts)
+
+    def add_items(self, lvl: int, new_items: list[Any]) -> None:
+        # Only what is printed: the pipelines and -o already had the items themselves.
+        super().add_items(lvl, [shown(item) for item in new_items])
