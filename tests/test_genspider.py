@@ -52,7 +52,7 @@ def test_genspider_site_writes_a_spider_and_a_passing_offline_test(project):
     source = spider.read_text()
     for needed in ("from spiders.base import WebfarmSpider", "class AcmeShopSpider(WebfarmSpider)",
                    "class AcmeShopItem", "key_fields", 'render = "auto"', "def extract(",
-                   'hosts = ["shop.acme.example"]'):
+                   'hosts = ["shop.acme.example"]', "url=canonical_url(response.url)"):
         assert needed in source, needed
     lint = run([str(BIN / "ruff"), "check", "--no-cache", str(spider), str(test)], project)
     assert lint.returncode == 0, lint.stdout + lint.stderr
