@@ -418,3 +418,28 @@ def test_garbage_in_a_queue_is_dead_lettered_never_run(stores, client, shop):
     out = ok(run(stores, "dlq", "generic", "--requeue"))
     # only the entry naming a missing callback is JSON of a request; it fails again on a worker
     assert "requeued 1 dead letters" in out and "4 are not requests and stay" in out
+
+
+def test_a_reader_that_stops_early_ends_the_listing_quietly(monkeypatch):
+    """``scrapy frontier SPIDER | head``: the listing stops with the reader, as ``ls |
+    head`` does; it ended with a BrokenPipeError traceback."""
+    import os
+    import sys
+
+    from webfarm.commands import dlq, frontier
+    from webfarm.commands._common import pipe_may_close
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone
+    monkeypatch.setattr(sys, "stdout", os.fdopen(write, "w"))
+
+    @pipe_may_close
+    def listing() -> None:
+        for n in range(20_000):  # past any pipe and stdout buffer
+            print(f"host-{n}.example 3 queued")
+
+    listing()  # returns: no BrokenPipeError
+    print("after")  # and nothing is left to fail at exit
+    sys.stdout.flush()
+    for command in (frontier.Command, dlq.Command):
+        assert command.run.__wrapped__  # type: ignore[attr-defined]

@@ -6,7 +6,9 @@ Not a command itself (it defines no ScrapyCommand), so Scrapy lists nothing for 
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +28,23 @@ from webfarm.redisconn import CLIENT_OPTIONS
 #: exit codes: bad input (arguments, files, URLs) vs. a deployment that is not reachable
 BAD_INPUT = 2
 BAD_CONFIG = 1
+
+
+def pipe_may_close(run: Callable[..., None]) -> Callable[..., None]:
+    """A command's ``run`` whose output may go to a reader that stops early (``scrapy
+    frontier SPIDER | head``): it ends quietly, as ``ls | head`` does, not with a
+    BrokenPipeError traceback."""
+
+    @functools.wraps(run)
+    def wrapped(*args: Any, **kwargs: Any) -> None:
+        try:
+            run(*args, **kwargs)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # What is left in the buffer must not be written at exit either.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+    return wrapped
 
 
 class CommandError(Exception):

@@ -34,6 +34,7 @@ from webfarm.commands._common import (
     Column,
     CommandError,
     open_spider_frontier,
+    pipe_may_close,
     render_table,
     report,
     spider_class,
@@ -214,6 +215,7 @@ class Command(ScrapyCommand):
         parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT, metavar="N",
                             help=f"letters --list shows (default {DEFAULT_LIMIT}; 0 = all)")
 
+    @pipe_may_close
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         if len(args) != 1:
             raise UsageError("give one spider name", print_help=False)

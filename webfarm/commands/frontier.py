@@ -30,6 +30,7 @@ from webfarm.commands._common import (
     Column,
     CommandError,
     open_spider_frontier,
+    pipe_may_close,
     render_table,
     report,
     seconds,
@@ -184,6 +185,7 @@ class Command(ScrapyCommand):
                             help="delete this spider's whole frontier")
         parser.add_argument("--yes", action="store_true", help="do not ask before --reset")
 
+    @pipe_may_close
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         if len(args) != 1:
             raise UsageError("give one spider name", print_help=False)
