@@ -278,6 +278,17 @@ class WebfarmSpider(scrapy.Spider):
             logger.info("Stored max_pages=%d pages: the links of pages from now on are not "
                         "followed (requests already queued are still fetched)", self.max_pages)
 
+    def closed(self, reason: str) -> None:
+        if self.max_pages and self.pages_seen >= self.max_pages:
+            # The frontier remembers what was seen, and a page whose links were not queued
+            # is not fetched again: a trial run's limit would bound every later crawl.
+            logger.warning(
+                "max_pages=%d was reached: the links of the pages stored after it were not "
+                "queued, and those pages count as seen, so a later crawl of %s does not reach "
+                "what they link to. To crawl the whole site later, reset the frontier first: "
+                "scrapy frontier %s --reset --yes (its pages are then fetched again)",
+                self.max_pages, self.name, self.name)
+
     @property
     def under_page_limit(self) -> bool:
         """Are links still followed (fewer than ``max_pages`` pages stored, or no limit)?"""

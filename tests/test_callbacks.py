@@ -107,6 +107,9 @@ def test_max_pages_bounds_a_spider_that_follows_pages_through_its_own_callbacks(
     assert [d["url"] for d in db.pages.find()] == [f"{base}{start}"]
     assert "Stored max_pages=1 pages: the links of pages from now on are not followed" in out
     assert f"'webfarm/links/max_pages': {dropped}," in out
+    # a trial run's limit would bound later crawls: said, with what to do
+    assert f"a later crawl of {spider} does not reach what they link to" in out
+    assert f"scrapy frontier {spider} --reset --yes" in out
     db.client.close()
 
 
