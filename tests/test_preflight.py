@@ -218,6 +218,31 @@ def test_the_other_commands_check_setting_types_too(good, command):
     assert "webfarm: WEBFARM_RETRY_TIMES='often' is not a whole number" in result.stderr
 
 
+def test_a_misspelt_setting_name_is_said_with_the_name_meant(good, web):
+    """Scrapy ignores a setting nothing reads: these ran the crawl on the defaults, with
+    no word. A project's own setting (MYAPI_KEY) passes in silence."""
+    result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/",
+                            "-s", "WEBFARM_HOST_DELAI=0.5", "-s", "CONCURENT_REQUESTS=1",
+                            "-s", "webfarm_idle_timeout=1", "-s", "WEBFARM_SPEED=9",
+                            "-s", "MYAPI_KEY=k", "-s", "WEBFARM_RETRY_TIMES=often"],
+                           runner.env_for(**good), timeout=60)
+    said = [line.split("webfarm: ", 1)[1] for line in result.stderr.splitlines()
+            if "webfarm: -s " in line]
+    assert said == [
+        "-s CONCURENT_REQUESTS: no such setting, Scrapy ignores it; did you mean "
+        "CONCURRENT_REQUESTS?",
+        "-s WEBFARM_HOST_DELAI: no such setting, Scrapy ignores it; did you mean "
+        "WEBFARM_HOST_DELAY?",
+        "-s WEBFARM_SPEED: no such webfarm setting, it is ignored (the README's Settings "
+        "table lists them)",
+        "-s webfarm_idle_timeout: setting names are upper case; Scrapy ignores this one: "
+        "write WEBFARM_IDLE_TIMEOUT",
+    ], result.stderr[-2000:]
+    assert result.returncode == 1  # then the bad value is refused, as before
+    assert "WEBFARM_RETRY_TIMES='often' is not a whole number" in result.stderr
+    assert web.hits == []
+
+
 def test_settings_of_the_right_type_pass_the_check():
     """Numbers as strings (as -s gives them), floats where Scrapy reads floats, Scrapy's
     boolean spellings, and the project's own values all read."""

@@ -27,6 +27,7 @@ from webfarm.commands._common import check_log_level, spider_settings
 from webfarm.netguard import NetGuard, NetGuardError
 from webfarm.refetch import RefetchConfigError, RefetchPolicy
 from webfarm.render import RenderConfigError
+from webfarm.settingnames import misspelt_names
 
 
 class Command(ScrapyCrawlCommand):
@@ -111,6 +112,8 @@ def prepare(settings: BaseSettings, spidercls: type | None, opts: argparse.Names
             print(f"webfarm: {name}: {exc}", file=sys.stderr)
             return 2
         checked = spider_settings(settings, spidercls)
+    for slip in misspelt_names(checked):  # before any refusal: it may be why
+        logging.getLogger(__name__).warning("webfarm: %s", slip)
     fleet = config.fleet_warning(checked)
     try:
         loc = config.preflight(checked, name)
