@@ -277,6 +277,35 @@ def test_a_redirected_page_is_re_parsed_at_the_end_of_its_redirects(index, blobs
     assert titles(index) == {final: "Moved"}
 
 
+def test_a_page_another_spider_stored_since_is_still_re_parsed(index, blobs):
+    """Pages are one per URL: a second spider crawling the same site (a v2, ``generic``
+    exploring first) stores over the first one's pages. A re-parse of the first one found
+    only the pages still its own, without a word."""
+    from scrapy import Request
+    from scrapy.http import HtmlResponse
+
+    from webfarm.content import content_hash
+
+    job = reparser(index, blobs)
+    urls = [f"{SHOP}/page/{i}" for i in range(3)]
+    for spider in (job.spider.name, "other_spider"):
+        for i, url in enumerate(urls[: 3 if spider == job.spider.name else 2]):
+            body = f"<html><head><title>Page {i}</title></head><body>{i}</body></html>".encode()
+            item = job.spider.page_item(HtmlResponse(url, body=body, request=Request(url)))
+            item.spider = spider
+            item.callback = None if spider == job.spider.name else "parse_of_other_spider"
+            item.content_hash = content_hash(body, "text/html")
+            item.blob_key = blob_key(item.content_hash)
+            blobs.put_once(item.blob_key, body, {"url": url, "content-type": "text/html"})
+            index.record_pages([{**vars(item), "hashing": None}])
+    owners = {d["url"]: (d["spider"], sorted(d["spiders"])) for d in index.pages.find()}
+    assert owners[urls[0]] == ("other_spider", sorted([job.spider.name, "other_spider"]))
+
+    stats = job.run()
+    assert stats.pages == 3 and stats.errors == 0  # the other's callback name is not ours
+    assert set(titles(index)) == set(urls)
+
+
 def test_a_dry_run_counts_what_a_run_would_do_and_writes_nothing(index, blobs, caplog):
     store_pages(index, blobs, 12, skus=3)  # 12 titles; 3 products and 3 skus_seen, 4 times each
 

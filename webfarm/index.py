@@ -395,11 +395,15 @@ class IndexStore:
         fields.update(policy.fields(b, changed, fetched, url=canonical_url(page["url"]),
                                     host=page["host"]))
         if b is None:  # read as missing: insert (a duplicate key is a concurrent writer)
-            return InsertOne({"_id": pid, **fields, "fetch_count": 1, "change_count": 0,
+            return InsertOne({"_id": pid, **fields, "spiders": [page["spider"]],
+                              "fetch_count": 1, "change_count": 0,
                               "first_fetched_at": fetched}), record
         update: dict[str, Any] = {
             "$set": fields,
             "$inc": {"fetch_count": 1, "change_count": 1 if changed else 0},
+            # every spider that stored the page: ``spider`` is the last one, and a re-parse
+            # of an earlier one must still find it
+            "$addToSet": {"spiders": page["spider"]},
         }
         return UpdateOne({"_id": pid, "fetch_count": b.get("fetch_count")}, update,
                          upsert=True), record

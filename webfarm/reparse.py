@@ -257,8 +257,8 @@ class Reparser:
         ``cb_kwargs``. None, said once per name, for a name that is no callback of the
         spider or one whose arguments the stored ``cb_kwargs`` do not give."""
         name = doc.get("callback")
-        if not name:
-            return self.callback
+        if not name or doc.get("spider", self.spider.name) != self.spider.name:
+            return self.callback  # another spider's callback is no name of this one's
         try:
             kwargs = serialize.loads_value(doc["cb_kwargs"]) if doc.get("cb_kwargs") else {}
         except serialize.SerializationError as exc:

@@ -30,7 +30,8 @@ from webfarm.index import IndexStore
 logger = logging.getLogger(__name__)
 
 PROJECTION = ("url", "final_url", "redirect_urls", "status", "headers", "content_type",
-              "encoding", "content_hash", "blob_key", "fetched_at", "callback", "cb_kwargs")
+              "encoding", "content_hash", "blob_key", "fetched_at", "callback", "cb_kwargs",
+              "spider")
 
 
 def shard_range(shard: tuple[int, int]) -> dict[str, str]:
@@ -49,8 +50,11 @@ def shard_range(shard: tuple[int, int]) -> dict[str, str]:
 def page_query(spider: str, since: dt.datetime | None = None,
                url_pattern: str | None = None, shard: tuple[int, int] | None = None
                ) -> dict[str, Any]:
-    """The ``pages`` filter: this spider's stored pages with a blob (in one shard)."""
-    query: dict[str, Any] = {"spider": spider, "blob_key": {"$type": "string"},
+    """The ``pages`` filter: the stored pages with a blob (in one shard) this spider
+    stored, also those another spider stored since (``spiders``; ``spider`` alone on pages
+    stored before 2026-12-07)."""
+    query: dict[str, Any] = {"$or": [{"spiders": spider}, {"spider": spider}],
+                             "blob_key": {"$type": "string"},
                              "content_hash": {"$type": "string",
                                               **(shard_range(shard) if shard else {})}}
     if since is not None:
