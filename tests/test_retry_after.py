@@ -80,3 +80,27 @@ def test_retry_after_defers_the_host(web, stores, tmp_path):  # noqa: F811 - fix
     assert frontier_of(stores["REDIS_URL"]).counts()["dead"] == 0
     assert "capped at WEBFARM_RETRY_AFTER_MAX=3s" in result.output
     assert stat(result.output, "webfarm/retry_after/deferred") == 2
+
+
+def test_a_worker_waiting_on_its_frontier_says_why_at_the_log_s_pace(caplog):
+    """A start URL whose server refuses: robots.txt and the retry wait minutes here
+    (Scrapy gives up in seconds), and the log said only "Crawled 0 pages" meanwhile."""
+    from scrapy.statscollectors import MemoryStatsCollector
+    from scrapy.utils.test import get_crawler
+
+    from webfarm.advice import WaitingNotice
+
+    stats = MemoryStatsCollector(get_crawler())
+    notice = WaitingNotice(every=60)
+    said = []
+    with caplog.at_level("INFO", logger="webfarm.scheduler"):
+        for now in range(0, 700, 5):  # the engine asks while idle, every 5 s
+            if now == 400:
+                stats.inc_value("webfarm/frontier/dequeued")  # a fetch: quiet starts again
+            if notice.idle_with_work(stats, "acme", ready_in=311.0, now=float(now)):
+                said.append(now)
+    assert said == [60, 360, 460]  # after a quiet minute, then every five; anew after a fetch
+    assert caplog.records[0].getMessage().startswith(
+        "Nothing fetched for 1m 00s, though acme's frontier holds work for this worker: it "
+        "waits for a retry (a refused connection, a 5xx), a host's delay or an unreadable "
+        "robots.txt; the next may be ready in 5m 11s. `scrapy frontier acme` shows what waits")

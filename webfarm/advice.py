@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import time
 
 from scrapy import Request
 from scrapy.statscollectors import StatsCollector
@@ -106,6 +107,46 @@ def explain_at_close(stats: StatsCollector | None, name: str, frontier: Frontier
     if name:
         explain_nothing_fetched(stats, name, frontier)
         explain_other_hosts(stats, name, frontier)
+
+
+class WaitingNotice:
+    """Says why a worker fetches nothing while its frontier holds work for it: retries
+    wait (a refused connection, a 503), a host waits out its delay or an unreadable
+    robots.txt. Scrapy retries at once and gives up in seconds; here a retry may be
+    minutes away, and the log said only "Crawled 0 pages" meanwhile. Said once the worker
+    fetched nothing for ``every`` seconds (``LOGSTATS_INTERVAL``), then every five times
+    that while it still fetches nothing."""
+
+    def __init__(self, every: float) -> None:
+        self.every = max(every, 1.0)
+        self._since: float | None = None  # idle with work waiting, since
+        self._said = float("-inf")  # when this stretch was last said
+        self._dequeued: object = None
+
+    def idle_with_work(self, stats: StatsCollector | None, name: str,
+                       ready_in: float | None, now: float | None = None) -> bool:
+        """The worker is idle and its frontier is not; True when this said why."""
+        now = time.monotonic() if now is None else now
+        dequeued = stats.get_value("webfarm/frontier/dequeued") if stats is not None else 0
+        if self._since is None or dequeued != self._dequeued:  # fetched since: start over
+            self._since, self._dequeued, self._said = now, dequeued, float("-inf")
+            return False
+        quiet = now - self._since
+        if quiet < self.every or now - self._said < 5 * self.every:
+            return False
+        self._said = now
+        when = f"; the next may be ready in {_duration(ready_in)}" if ready_in else ""
+        logger.info(
+            "Nothing fetched for %s, though %s's frontier holds work for this worker: it "
+            "waits for a retry (a refused connection, a 5xx), a host's delay or an "
+            "unreadable robots.txt%s. `scrapy frontier %s` shows what waits; what fails "
+            "for good goes to `scrapy dlq %s`", _duration(quiet), name, when, name, name)
+        return True
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
 
 
 def _named(hosts: list[str]) -> str:

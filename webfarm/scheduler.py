@@ -59,8 +59,8 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 
+from webfarm import advice
 from webfarm import signals as wf_signals
-from webfarm.advice import cookies_not_sent, explain_at_close, slot_not_used, url_not_queued
 from webfarm.config import whole_number
 from webfarm.dupefilter import RecentFingerprints
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped
@@ -118,6 +118,7 @@ class Scheduler(BaseScheduler):
         self._next_poll = 0.0
         self._wake_call: Any = None
         self._empty_since: float | None = None
+        self.waiting = advice.WaitingNotice(settings.getfloat("LOGSTATS_INTERVAL", 60.0))
         self._loop: LoopingCall | None = None
 
     @classmethod
@@ -244,7 +245,7 @@ class Scheduler(BaseScheduler):
                                   fingerprint, max_bytes=self.max_entry_bytes)
         except UnfetchableURL as exc:
             self._inc("webfarm/frontier/unfetchable")
-            url_not_queued(request, exc, self._unfetchable_said)
+            advice.url_not_queued(request, exc, self._unfetchable_said)
             return False
         except SerializationError as exc:
             logger.error("Cannot queue %s: %s", request, exc)
@@ -260,10 +261,10 @@ class Scheduler(BaseScheduler):
         if self.delays.slots.delays:
             self._slot_delay(entry.host)
         if not self._slot_said and "download_slot" in request.meta:
-            self._slot_said = slot_not_used(request, entry.host)
+            self._slot_said = advice.slot_not_used(request, entry.host)
         if request.cookies and not self._cookies_said:
             self._cookies_said = True
-            cookies_not_sent(request)
+            advice.cookies_not_sent(request)
         assert self.link is not None
         self.link.push.append(entry)
         if len(self.link.push) >= PUSH_BATCH and not self.link.start(0):
@@ -412,6 +413,8 @@ class Scheduler(BaseScheduler):
             raise DontCloseSpider
         if not idle:
             self._empty_since = None
+            self.waiting.idle_with_work(self.stats, self.spider.name if self.spider else "",
+                                        self.frontier.last_ready_in)
             raise DontCloseSpider
         now = time.monotonic()
         if self._empty_since is None:
@@ -419,8 +422,8 @@ class Scheduler(BaseScheduler):
         if now - self._empty_since < self.idle_timeout:
             self._idle_until(min(1.0, self.idle_timeout))
             raise DontCloseSpider
-        explain_at_close(self.stats, self.spider.name if self.spider else "", self.frontier,
-                         now - self._empty_since)
+        advice.explain_at_close(self.stats, self.spider.name if self.spider else "",
+                                self.frontier, now - self._empty_since)
 
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None and count:
