@@ -189,7 +189,10 @@ class WebfarmSpider(scrapy.Spider):
                 raise ValueError(f"start URL {mask_credentials(url)!r} cannot be fetched: {why}")
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f"start URL {mask_credentials(url)!r} is not an http(s) URL")
+                hint = (f": write it with its scheme, e.g. 'https://{mask_credentials(url)}'"
+                        if "://" not in url else "")
+                raise ValueError(f"start URL {mask_credentials(url)!r} is not an http(s) "
+                                 f"URL{hint}")
         raw = spargs.get("max_pages")
         try:
             max_pages = int(raw or 0)

@@ -270,3 +270,15 @@ def test_crawl_refuses_a_spider_written_for_start_requests(redis_url, mongo_uri,
     assert errors == ["webfarm: test_old_start: it defines start_requests(), which Scrapy 2.19 "
                       "no longer calls (it calls start()); rename it 'async def start(self)' "
                       "and keep its body, its yields included"], result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("start", "message"), [
+    ("shop.example/", "is not an http(s) URL: write it with its scheme, e.g. "
+                      "'https://shop.example/'"),
+    ("127.0.0.41:8098/", "e.g. 'https://127.0.0.41:8098/'"),
+])
+def test_a_start_url_without_its_scheme_is_told_how_to_write_it(start, message):
+    from spiders.generic import GenericSpider
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        GenericSpider.check_arguments(start=start)
