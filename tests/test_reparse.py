@@ -107,6 +107,7 @@ def test_reparse_reextracts_without_network(web, redis_url, mongo_uri, mongo_db_
     assert counts(none.output)["pages"] == 0 and none.returncode == 0
     assert f"no stored page of 'test_products' matched in {mongo_uri}, database " \
            f"'{mongo_db_name}'; check MONGO_URI" in none.stderr
+    assert "(or crawl it first: scrapy crawl test_products)" in none.stderr
 
     bad = runner.scrapy(["reparse", "test_products", *SPIDERS, "--since", "yesterday"], env)
     assert bad.returncode == 2 and "not an ISO date" in bad.stderr

@@ -202,7 +202,8 @@ class Command(ScrapyCommand):
         if not stats.pages:  # not an error (a --since in the future), but often a typo
             where = f"{config.safe_url(mongo)}, database {index.db.name!r}"
             print(f"webfarm: no stored page of {name!r} matched in {where}; check "
-                  "MONGO_URI, MONGO_DATABASE, --since and --url-pattern", file=sys.stderr)
+                  "MONGO_URI, MONGO_DATABASE, --since and --url-pattern (or crawl it first: "
+                  f"scrapy crawl {name})", file=sys.stderr)
 
     @staticmethod
     def _progress(stats: ReparseStats) -> None:
