@@ -276,6 +276,16 @@ def test_a_redirected_page_is_re_parsed_at_the_end_of_its_redirects(index, blobs
     assert response.meta["redirect_urls"] == [start, hop]
     assert titles(index) == {final: "Moved"}
 
+    # A page reached with a tracking parameter (stored under its canonical URL) was not
+    # redirected: no redirect_urls, on a page stored now or before they were kept.
+    from webfarm.reparsepages import rebuild_response
+
+    tracked = f"{SHOP}/page/t?utm_source=mail"
+    doc = {"url": f"{SHOP}/page/t", "final_url": tracked, "redirect_urls": None}
+    for stored in (doc, {k: v for k, v in doc.items() if k != "redirect_urls"}):
+        rebuilt = rebuild_response(stored, body)
+        assert rebuilt.request.url == tracked and "redirect_urls" not in rebuilt.meta
+
 
 def test_a_page_another_spider_stored_since_is_still_re_parsed(index, blobs):
     """Pages are one per URL: a second spider crawling the same site (a v2, ``generic``

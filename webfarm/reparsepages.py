@@ -26,6 +26,7 @@ from webfarm import batching
 from webfarm.batching import TRANSIENT
 from webfarm.blobstore import Blob, BlobStore
 from webfarm.index import IndexStore
+from webfarm.urls import canonical_url
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +91,9 @@ def rebuild_response(doc: dict[str, Any], body: bytes | Blob, request: Request |
     if issubclass(cls, TextResponse) and encoding:
         kwargs["encoding"] = encoding
     if request is None:  # the request the response came to: the last of its redirects
-        hops = doc.get("redirect_urls") or ([doc["url"]] if url != doc["url"] else None)
+        hops = doc.get("redirect_urls")
+        if "redirect_urls" not in doc and canonical_url(url) != doc["url"]:
+            hops = [doc["url"]]  # stored before redirect_urls were: its first URL at least
         request = Request(url, meta={"redirect_urls": hops} if hops else None)
     return cls(url=url, status=int(doc.get("status") or 200), headers=headers, body=body,
                request=request, flags=flags or ["reparse"], **kwargs)
