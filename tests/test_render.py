@@ -371,7 +371,8 @@ def test_browser_subresources_pass_the_ssrf_guard_and_useless_renders_count(web,
         page = ("<!doctype html><html><head><title>t</title>"
                 f'<script src="{internal.base_urls[0]}/admin.js"></script></head><body>'
                 '<div id="app"></div><script>document.getElementById("app").innerHTML = '
-                '"<p>content of the app</p><a href=/broken>next</a>";</script></body></html>')
+                '"<p>content of the app</p><a href=/broken>next</a>";'
+                f'window.open("{internal.base_urls[0]}/popup");</script></body></html>')
         broken = '<!doctype html><html><body><div id="root"></div></body></html>'
         web.route("/app", Response.html(page), host=host)
         web.route("/broken", Response.html(broken), host=host)
@@ -381,6 +382,7 @@ def test_browser_subresources_pass_the_ssrf_guard_and_useless_renders_count(web,
                              WEBFARM_RENDER_HOSTS=f"{browser_host.split('//')[1]}=browser")
         result = crawl(env, "-a", f"start={host}/app,{browser_host}/jump")
         assert internal.hits_for(path="/admin.js") == []
+        assert internal.hits_for(path="/popup") == []  # a popup's request went out unchecked
     stored = pages(stores)
     assert set(stored) == {f"{host}/app", f"{host}/broken"}  # nothing of /jump's target
     app, broken_doc = stored[f"{host}/app"], stored[f"{host}/broken"]
@@ -391,6 +393,28 @@ def test_browser_subresources_pass_the_ssrf_guard_and_useless_renders_count(web,
     assert stat(result, "webfarm/render/browser_refused") == 2  # the script, the redirect
     assert stat(result, "webfarm/render/escalated") == 2
     assert stat(result, "webfarm/render/wrong_guess") == 1  # /broken: the browser added nothing
+    assert stat(result, "webfarm/render/popups") == 1  # closed as it opened
+
+
+def test_a_render_that_never_lets_go_is_closed_and_dead_lettered(web, stores, redis_url):
+    """A script that loops once the page has loaded: Playwright bounds the navigation,
+    not reading the page, so the render never ended, the worker never stopped and the
+    next worker to take the lease hung the same way."""
+    base = web.base_urls[0]
+    web.route("/spin", Response.html(
+        "<html><body><div id='app'>loaded</div><script>window.addEventListener('load', "
+        "function () { setTimeout(function () { while (true) {} }, 0); });</script>"
+        "</body></html>"), host=base)
+    started = time.monotonic()
+    result = crawl(runner.env_for(**stores), "-a", f"start={base}/spin", "-a", "render=browser",
+                   "-s", "DOWNLOAD_TIMEOUT=4", "-s", "PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT=4000",
+                   "-s", "WEBFARM_RETRY_TIMES=1", timeout=90)
+    assert time.monotonic() - started < 60
+    (dead,) = frontier(redis_url).dead_letters()
+    assert "the render took over 8s (DOWNLOAD_TIMEOUT and the navigation timeout)" in \
+        dead["reason"]
+    assert stat(result, "webfarm/render/timeouts") == 1
+    assert pages(stores) == {}
 
 
 # -- the judgement and the configuration, without a crawl -----------------------------------

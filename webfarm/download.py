@@ -1,4 +1,4 @@
-"""webfarm's download handler: scrapy-playwright's, with two holes closed.
+"""webfarm's download handler: scrapy-playwright's, with its holes closed.
 
 **Headers without end.** ``DOWNLOAD_MAXSIZE`` bounds bodies only. Twisted's HTTP client
 caps each header line (16 KiB) but not how many come, so a server that sends headers
@@ -17,20 +17,46 @@ same way); ``tests/test_hostile.py`` fails if a Scrapy upgrade moves it.
 back to the frontier as a failed download and was rendered again, up to
 ``WEBFARM_RETRY_TIMES`` times. Such a text is encoded with those code units' bytes
 (read back as U+FFFD), as :mod:`webfarm.fetchapi` does for the fetch API's answers.
+
+**A render without end.** Playwright bounds the navigation, not what comes after it:
+a page whose script loops once loaded (``setTimeout(() => {while (true) {}})``) never
+gave its content, so the download never ended, the worker never stopped (not even on a
+graceful stop) and its lease went to the next worker to hang it the same way. A render
+now has ``DOWNLOAD_TIMEOUT`` on top of the navigation timeout; past that its page is
+closed (Chromium closes a busy page) and the request fails with Scrapy's
+``DownloadTimeoutError``: retried, then dead-lettered with that reason.
+
+**Popups.** scrapy-playwright routes each page's requests (the SSRF guard, skipped
+resource types) on that page only, and a ``window.open`` opens another page: its
+requests went out unchecked, with Chromium's own User-Agent. A popup is closed as it
+opens, and every request of a page not routed by its own (a popup, a service worker)
+is refused at the browser context (stats ``webfarm/render/popups`` and
+``webfarm/render/popup_requests_refused``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import contextlib
+import logging
+import weakref
+from typing import TYPE_CHECKING, Any
 
 import scrapy_playwright.handler
+from scrapy import Request, Spider
 from scrapy.core.downloader.handlers import http11
 from scrapy.crawler import Crawler
-from scrapy.http import Headers
+from scrapy.exceptions import DownloadTimeoutError
+from scrapy.http import Headers, Response
 from scrapy_playwright._utils import _encode_body
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 
 from webfarm.config import whole_number
+
+if TYPE_CHECKING:
+    from playwright.async_api import Page, Route
+
+logger = logging.getLogger(__name__)
 
 MAX_HEADER_BYTES = 256 * 1024
 
@@ -113,10 +139,17 @@ def encode_rendered(headers: Headers, text: str) -> tuple[bytes, str]:
 
 
 class DownloadHandler(ScrapyPlaywrightDownloadHandler):
-    """scrapy-playwright's handler with the module's two guards."""
+    """scrapy-playwright's handler with the module's guards."""
 
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
+        settings = crawler.settings
+        self.download_timeout = settings.getfloat("DOWNLOAD_TIMEOUT", 180.0)
+        navigation_ms = settings.getfloat("PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT", 30_000.0)
+        self.navigation_timeout = max(navigation_ms, 0.0) / 1000
+        self._render_pages: weakref.WeakKeyDictionary[Request, Page] = (
+            weakref.WeakKeyDictionary())
+        self._own_pages: weakref.WeakSet[Page] = weakref.WeakSet()  # not popups
         # The handler calls its module's name; set once, for every handler in the process.
         scrapy_playwright.handler._encode_body = encode_rendered
         limit = header_limit(crawler.settings)
@@ -128,3 +161,63 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
                     return protocol(self._quiescentCallback)
 
             self._pool._factory = Factory
+
+    async def _download_request(self, request: Request, spider: Spider | None = None
+                                ) -> Response:
+        """The render, bounded: past the navigation timeout and ``DOWNLOAD_TIMEOUT`` its
+        page is closed and the request fails as a download timeout."""
+        limit = (float(request.meta.get("download_timeout") or self.download_timeout)
+                 + self.navigation_timeout)
+        render = asyncio.ensure_future(super()._download_request(request, spider))
+        done, _ = await asyncio.wait({render}, timeout=limit)
+        if done:
+            return render.result()
+        render.cancel()
+        with contextlib.suppress(BaseException):
+            await render
+        page = self._render_pages.pop(request, None)
+        if page is not None and not page.is_closed():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(page.close(), 10)
+        self.stats.inc_value("webfarm/render/timeouts")
+        raise DownloadTimeoutError(
+            f"the render took over {limit:.0f}s (DOWNLOAD_TIMEOUT and the navigation "
+            "timeout): the page's JavaScript does not let go (a busy loop?); its page was "
+            "closed")
+
+    async def _create_page(self, request: Request, spider: Spider) -> Page:
+        page = await super()._create_page(request=request, spider=spider)
+        self._render_pages[request] = page
+        self._own_pages.add(page)
+        return page
+
+    async def _create_browser_context(self, name: str, context_kwargs: dict | None,
+                                      spider: Spider | None = None) -> Any:
+        wrapper = await super()._create_browser_context(name, context_kwargs, spider)
+        # Pages route their own requests first: what reaches this is a popup's (or a
+        # service worker's), which nothing checked.
+        await wrapper.context.route("**", self._refuse_unrouted)
+        wrapper.context.on("page", self._close_popup)
+        return wrapper
+
+    async def _refuse_unrouted(self, route: Route) -> None:
+        self.stats.inc_value("webfarm/render/popup_requests_refused")
+        with contextlib.suppress(Exception):  # the popup may be closed already
+            await route.abort()
+
+    async def _close_popup(self, page: Page) -> None:
+        """Every new page of the context: a popup is closed. (A page's own "popup" event
+        is not sent once that page is closed, which a render does as soon as it has read
+        it: the popup stayed open, a renderer process each.)"""
+        try:
+            opener = await page.opener()
+        except Exception:  # closed meanwhile
+            return
+        if opener is None:  # a page of ours, or a popup whose opener closed already
+            await asyncio.sleep(0.5)  # ours is known once new_page() has returned
+            if page in self._own_pages or page.is_closed():
+                return
+        self.stats.inc_value("webfarm/render/popups")
+        logger.debug("Closed a popup a page opened: %s", page.url)
+        with contextlib.suppress(Exception):
+            await page.close()
