@@ -61,6 +61,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 
 from middlewares.retry import parse_retry_after
+from webfarm import browser
 from webfarm import signals as wf_signals
 from webfarm.exceptions import DeadLetter, RetryLater, Unreadable
 from webfarm.queue import host_delay
@@ -133,6 +134,7 @@ class RobotsMiddleware:
         self._rechecks: dict[str, DelayedCall] = {}  # origins with an outage being watched
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(self.bytes_received, signal=signals.bytes_received)
+        browser.configure_robots(self.allowed_if_known)  # a page's own requests
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RobotsMiddleware:
@@ -143,6 +145,7 @@ class RobotsMiddleware:
             if call.active():
                 call.cancel()
         self._rechecks.clear()
+        browser.configure_robots(None)
         await close_client(self.cache.server)
 
     def bytes_received(self, data: bytes, request: Request, spider: Spider) -> None:
@@ -155,6 +158,11 @@ class RobotsMiddleware:
             raise StopDownload(fail=False)
 
     # -- enforcing ---------------------------------------------------------------------------
+
+    def allowed_if_known(self, url: str) -> bool:
+        """False when the rules this worker holds for ``url``'s origin disallow it."""
+        known = self._known.get(origin_of(url))
+        return known is None or known.kind != "rules" or known.rules.allowed(url, self.agent)
 
     async def process_request(self, request: Request, spider: Spider | None = None) -> None:
         if request.meta.get("dont_obey_robotstxt") or request.meta.get(META):

@@ -242,7 +242,10 @@ class WebfarmSpider(scrapy.Spider):
                    for host, want in self._scope)
 
     def page_item(self, response: Response) -> PageItem:
-        request_url = response.meta.get("redirect_urls", [response.url])[0]
+        # The URL asked for: the first of its redirects, else the request's (a page whose
+        # script navigated elsewhere comes back at another URL, and was stored under it,
+        # while the page asked for was never recorded).
+        request_url = response.meta.get("redirect_urls", [response.request.url])[0]
         headers = response.headers
         content_type = headers.get(b"Content-Type", b"").decode("latin-1")
         etag = headers.get(b"ETag")

@@ -417,6 +417,34 @@ def test_a_render_that_never_lets_go_is_closed_and_dead_lettered(web, stores, re
     assert pages(stores) == {}
 
 
+def test_a_script_s_navigation_keeps_robots_txt_and_the_page_its_own_url(web, stores,
+                                                                        redis_url):
+    """A page's script that sends the browser elsewhere: to a path robots.txt disallows,
+    it was followed there and that page stored in place of the one asked for (which was
+    never recorded). Now the navigation is refused, and the page dead-lettered saying so;
+    to an allowed path, the page is stored under the URL asked for, ending where it went."""
+    base = web.base_urls[0]
+    web.route("/robots.txt", Response.text("User-agent: *\nDisallow: /private/\n"),
+              host=base)
+    for name, target in (("go-private", "/private/away"), ("go-public", "/public/landing")):
+        web.route(f"/{name}", Response.html(
+            f"<html><body><p>moving</p><script>location.href = '{target}';</script>"
+            "</body></html>"), host=base)
+    web.route("/public/landing", Response.html("<html><body><p>landed</p></body></html>"),
+              host=base)
+    crawl(runner.env_for(**stores), "-a", f"start={base}/go-private,{base}/go-public",
+          "-a", "render=browser")
+    assert web.hits_for(host=base, path="/private/away") == []
+    stored = pages(stores)
+    assert set(stored) == {f"{base}/go-public"}
+    assert stored[f"{base}/go-public"]["final_url"] == f"{base}/public/landing"
+    assert "landed" in body_of(stores, stored[f"{base}/go-public"])
+    (dead,) = frontier(redis_url).dead_letters()
+    assert f"{base}/go-private" in dead["payload"]
+    assert dead["reason"] == (f"robots.txt disallows {base}/private/away, where the page's "
+                              "browser navigation went")
+
+
 # -- the judgement and the configuration, without a crawl -----------------------------------
 
 def html_response(body: str, status: int = 200):

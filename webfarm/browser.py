@@ -15,7 +15,11 @@ request the browser makes (the navigation, scripts, XHR, images) is checked
 against the SSRF guard the render middleware installs (a navigation's redirect
 hops, which Playwright's routing does not see, by :func:`check_hops`),
 and resource types listed in ``WEBFARM_BROWSER_SKIP_RESOURCES`` (images, fonts,
-media by default: a crawler needs the DOM, not the pixels) are not fetched.
+media by default: a crawler needs the DOM, not the pixels) are not fetched. Nor is
+what the worker knows robots.txt disallows (:func:`configure_robots`): a page's script
+that navigated to a disallowed path was followed there, and that page stored instead.
+A refused navigation of a page's main frame leaves Chromium's error page, which
+:func:`navigation_refusal` tells the download handler why.
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from scrapy_playwright.provider import PlaywrightBrowserProvider
 
 if TYPE_CHECKING:
-    from playwright.async_api import Browser, BrowserContext
+    from playwright.async_api import Browser, BrowserContext, Page
     from playwright.async_api import Request as PlaywrightRequest
 
     from webfarm.netguard import NetGuard
@@ -146,6 +151,9 @@ class SystemChromiumProvider(PlaywrightBrowserProvider):
 _guard: NetGuard | None = None
 _skip_types: frozenset[str] = frozenset()
 _refusals: list[str] = []  # recent refusals, for the render middleware's stats and tests
+_robots: Callable[[str], bool] | None = None  # False: robots.txt known to disallow the URL
+#: why a page's main-frame navigation was refused (it shows Chromium's error page then)
+_navigations: weakref.WeakKeyDictionary[Page, str] = weakref.WeakKeyDictionary()
 
 
 def configure(guard: NetGuard | None, skip_resources: Iterable[str]) -> None:
@@ -154,6 +162,18 @@ def configure(guard: NetGuard | None, skip_resources: Iterable[str]) -> None:
     global _guard, _skip_types
     _guard = guard
     _skip_types = frozenset(t.strip().lower() for t in skip_resources if t.strip())
+
+
+def configure_robots(allowed: Callable[[str], bool] | None) -> None:
+    """Install the robots.txt check (the robots middleware's rules of the origins this
+    worker knows; an origin it does not know is allowed), or None to drop it."""
+    global _robots
+    _robots = allowed
+
+
+def navigation_refusal(page: Page) -> str | None:
+    """Why ``page``'s navigation was refused, once, or None."""
+    return _navigations.pop(page, None)
 
 
 def take_refusals() -> list[str]:
@@ -182,15 +202,35 @@ async def check_hops(urls: Iterable[str]) -> str | None:
 
 async def abort_request(request: PlaywrightRequest) -> bool:
     """``PLAYWRIGHT_ABORT_REQUEST``: True to stop the browser fetching ``request``."""
-    if request.resource_type in _skip_types and not request.is_navigation_request():
+    navigation = request.is_navigation_request()
+    if request.resource_type in _skip_types and not navigation:
+        return True
+    kind = "navigation" if navigation else request.resource_type
+    if _robots is not None and not _robots(request.url):
+        logger.log(logging.INFO if navigation else logging.DEBUG,
+                   "robots.txt: browser %s to %s refused", kind, request.url)
+        _refused(request, f"robots.txt disallows {request.url[:200]}, where the page's "
+                          f"browser {kind} went")
         return True
     if _guard is None:
         return False
     reason = await _guard.check_url(request.url)
     if reason is None:
         return False
-    kind = "navigation" if request.is_navigation_request() else request.resource_type
     logger.warning("SSRF guard: browser %s to %s refused: %s", kind, request.url, reason)
     if len(_refusals) < 1000:
         _refusals.append(f"{kind}: {reason}")
+    _refused(request, f"ssrf: browser {kind} to {request.url[:200]} refused: {reason}")
     return True
+
+
+def _refused(request: PlaywrightRequest, why: str) -> None:
+    """Keep why a main-frame navigation was refused, for the page's download."""
+    if not request.is_navigation_request():
+        return
+    try:
+        frame = request.frame
+        if frame.parent_frame is None:
+            _navigations[frame.page] = why
+    except Exception:  # a service worker's request has no frame
+        pass

@@ -51,7 +51,9 @@ from scrapy.http import Headers, Response
 from scrapy_playwright._utils import _encode_body
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 
+from webfarm import browser
 from webfarm.config import whole_number
+from webfarm.exceptions import DeadLetter
 
 if TYPE_CHECKING:
     from playwright.async_api import Page, Route
@@ -171,7 +173,14 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         render = asyncio.ensure_future(super()._download_request(request, spider))
         done, _ = await asyncio.wait({render}, timeout=limit)
         if done:
-            return render.result()
+            response = render.result()
+            page = self._render_pages.pop(request, None)
+            why = browser.navigation_refusal(page) if page is not None else None
+            if why is not None and response.url.startswith("chrome-error:"):
+                # Chromium's error page, left by a navigation the page's script began and
+                # the browser refused: not the page, and not worth another try.
+                raise DeadLetter(why)
+            return response
         render.cancel()
         with contextlib.suppress(BaseException):
             await render
