@@ -205,12 +205,16 @@ def test_two_processes_starting_at_once_get_one_server(
 def test_valkey_keeps_data_across_restart_and_kill(
     services: EmbeddedServices, data_dir: Path
 ) -> None:
-    client = redis.Redis.from_url(services.ensure("redis"))
+    url = services.ensure("redis")
+    client = redis.Redis.from_url(url)
     client.lpush("webfarm:{demo}:requests", "a", "b")
     client.close()
     services.down()
 
-    client = redis.Redis.from_url(services.ensure("redis"))
+    # On its old port again: a worker running on through `services down; up` reaches it
+    # (on a new port, it retried the old one for ever).
+    assert services.ensure("redis") == url
+    client = redis.Redis.from_url(url)
     assert client.lrange("webfarm:{demo}:requests", 0, -1) == [b"b", b"a"]
     client.rpush("webfarm:{demo}:requests", "c")
     client.close()
@@ -222,7 +226,8 @@ def test_valkey_keeps_data_across_restart_and_kill(
     while running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not services.status()["redis"]["running"]
-    client = redis.Redis.from_url(EmbeddedServices(data_dir).ensure("redis"))
+    assert EmbeddedServices(data_dir).ensure("redis") == url
+    client = redis.Redis.from_url(url)
     assert client.lrange("webfarm:{demo}:requests", 0, -1) == [b"b", b"a", b"c"]
     client.close()
 

@@ -117,6 +117,17 @@ def tail(path: Path, start: int = 0, lines: int = 8) -> str:
     return " | ".join(kept[-lines:]) or "(empty log)"
 
 
+def port_free(host: str, port: int) -> bool:
+    """Can a server bind ``port`` (as servers do, with SO_REUSEADDR)?"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))

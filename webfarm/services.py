@@ -287,8 +287,12 @@ class EmbeddedServices:
         folder = self.folder(name)
         folder.mkdir(parents=True, exist_ok=True)
         log_path = self.log_path(name)
+        last = self._last_port(name)
         for attempt in range(attempts):
-            port = procs.free_port(HOST)
+            # The port it had before, when free: a worker running on through
+            # `services down; up` (or a crash and a restart) reaches it again there.
+            port = last if attempt == 0 and last and procs.port_free(HOST, last) else \
+                procs.free_port(HOST)
             argv = self._argv(name, port)
             mark = log_path.stat().st_size if log_path.exists() else 0
             with open(log_path, "ab") as log:
@@ -303,6 +307,7 @@ class EmbeddedServices:
                 tmp = self.state_path(name).with_suffix(".json.tmp")
                 tmp.write_text(json.dumps(state, indent=2))
                 os.replace(tmp, self.state_path(name))
+                (folder / "last_port").write_text(str(port))
                 return url
             tail = procs.tail(log_path, mark)
             if procs.pid_alive(pid):
@@ -317,6 +322,13 @@ class EmbeddedServices:
                 f"{name} server exited at start; see {log_path}: {tail}"
             )
         raise AssertionError("unreachable")
+
+    def _last_port(self, name: str) -> int | None:
+        try:
+            port = int((self.folder(name) / "last_port").read_text())
+        except (OSError, ValueError):
+            return None
+        return port if 0 < port < 65536 else None
 
     def _wait_ready(self, name: str, pid: int, port: int, timeout: float) -> bool:
         """Poll until the server answers; False as soon as it has exited or on timeout."""
