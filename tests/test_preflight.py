@@ -243,6 +243,35 @@ def test_a_misspelt_setting_name_is_said_with_the_name_meant(good, web):
     assert web.hits == []
 
 
+def test_a_negative_idle_timeout_is_refused_in_process():
+    """Below 0 ran the worker for ever (as 0 does), without a word."""
+    from scrapy.settings import Settings
+
+    from webfarm.settingtypes import check_types
+
+    with pytest.raises(ValueError, match=re.escape(
+            "WEBFARM_IDLE_TIMEOUT='-5' is out of range: give a number 0 or more (seconds; "
+            "0: never stop)")):
+        check_types(Settings({"WEBFARM_IDLE_TIMEOUT": "-5"}))
+    check_types(Settings({"WEBFARM_IDLE_TIMEOUT": "0"}))
+
+
+def test_a_spider_argument_refused_under_scrapyd_is_in_the_job_s_log(caplog):
+    """scrapyd keeps the job's log (LOG_FILE) apart from its own stderr: the job's log
+    ended after Scrapy's banner, and why was only on scrapyd's stderr."""
+    import argparse
+
+    from scrapy.settings import Settings
+
+    from spiders.generic import GenericSpider
+    from webfarm.commands.crawl import prepare
+
+    opts = argparse.Namespace(spargs={"start": "shop.example/"})
+    with caplog.at_level(logging.ERROR):
+        assert prepare(Settings({"LOG_FILE": "job.log"}), GenericSpider, opts) == 2
+    assert "webfarm: generic: start URL 'shop.example/' is not an http(s) URL" in caplog.text
+
+
 def test_settings_of_the_right_type_pass_the_check():
     """Numbers as strings (as -s gives them), floats where Scrapy reads floats, Scrapy's
     boolean spellings, and the project's own values all read."""

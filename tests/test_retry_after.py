@@ -102,5 +102,7 @@ def test_a_worker_waiting_on_its_frontier_says_why_at_the_log_s_pace(caplog):
     assert said == [60, 360, 460]  # after a quiet minute, then every five; anew after a fetch
     assert caplog.records[0].getMessage().startswith(
         "Nothing fetched for 1m 00s, though acme's frontier holds work for this worker: it "
-        "waits for a retry (a refused connection, a 5xx), a host's delay or an unreadable "
-        "robots.txt; the next may be ready in 5m 11s. `scrapy frontier acme` shows what waits")
+        "waits for a retry (a refused connection, a 5xx), a host's delay, an unreadable "
+        "robots.txt, or a lease another worker holds (one that died gives it back after "
+        "WEBFARM_LEASE_SECONDS); the next may be ready in 5m 11s. `scrapy frontier acme` "
+        "shows what waits")

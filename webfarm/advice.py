@@ -138,9 +138,11 @@ class WaitingNotice:
         when = f"; the next may be ready in {_duration(ready_in)}" if ready_in else ""
         logger.info(
             "Nothing fetched for %s, though %s's frontier holds work for this worker: it "
-            "waits for a retry (a refused connection, a 5xx), a host's delay or an "
-            "unreadable robots.txt%s. `scrapy frontier %s` shows what waits; what fails "
-            "for good goes to `scrapy dlq %s`", _duration(quiet), name, when, name, name)
+            "waits for a retry (a refused connection, a 5xx), a host's delay, an "
+            "unreadable robots.txt, or a lease another worker holds (one that died gives "
+            "it back after WEBFARM_LEASE_SECONDS)%s. `scrapy frontier %s` shows what waits; "
+            "what fails for good goes to `scrapy dlq %s`", _duration(quiet), name, when,
+            name, name)
         return True
 
 

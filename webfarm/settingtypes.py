@@ -49,6 +49,8 @@ BOUNDS: dict[str, tuple[str, Callable[[float], bool]]] = {
     "WEBFARM_FLUSH_INTERVAL": ("above 0 (seconds)", lambda v: v > 0),
     "WEBFARM_LEASE_SECONDS": ("above 0 (seconds)", lambda v: v > 0),
     "WEBFARM_OFFSITE_WAIT": ("0 or more (seconds)", lambda v: v >= 0),
+    # below 0 ran the worker for ever, as 0 does, without a word
+    "WEBFARM_IDLE_TIMEOUT": ("0 or more (seconds; 0: never stop)", lambda v: v >= 0),
     "AUTOTHROTTLE_MAX_DELAY": ("0 or more (seconds)", lambda v: v >= 0),
     "DOWNLOAD_TIMEOUT": ("above 0 (seconds)", lambda v: v > 0),
     "SCRAPER_SLOT_MAX_ACTIVE_SIZE": ("1 or more (bytes)", lambda v: v >= 1),

@@ -110,6 +110,8 @@ def prepare(settings: BaseSettings, spidercls: type | None, opts: argparse.Names
                 check(**opts.spargs)
         except ValueError as exc:
             print(f"webfarm: {name}: {exc}", file=sys.stderr)
+            if settings.get("LOG_FILE"):  # scrapyd: the job's log must say why, too
+                logging.getLogger(__name__).error("webfarm: %s: %s", name, exc)
             return 2
         checked = spider_settings(settings, spidercls)
     for slip in misspelt_names(checked):  # before any refusal: it may be why
