@@ -64,6 +64,13 @@ class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
     def process_response(
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Request | Response:
+        limit = request.meta.get("download_maxsize", self._max_size)
+        if limit and "playwright" in response.flags and len(response.body) > limit:
+            # A page's script can build any size of DOM: the wire's limit never saw it.
+            _inc(self.crawler, "too_big")
+            _inc(self.crawler, "too_big/rendered")
+            raise Unreadable(f"body over DOWNLOAD_MAXSIZE: the rendered page is "
+                             f"{len(response.body)} B, past {limit} B")
         try:
             return super().process_response(request, response)
         except (DeadLetter, RetryLater):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 import uuid
@@ -432,17 +433,24 @@ def test_a_script_s_navigation_keeps_robots_txt_and_the_page_its_own_url(web, st
             "</body></html>"), host=base)
     web.route("/public/landing", Response.html("<html><body><p>landed</p></body></html>"),
               host=base)
-    crawl(runner.env_for(**stores), "-a", f"start={base}/go-private,{base}/go-public",
-          "-a", "render=browser")
+    # and a script that builds a page past DOWNLOAD_MAXSIZE: stored, where the wire's
+    # limit never saw it
+    web.route("/big", Response.html("<html><body><script>document.body.textContent = "
+                                    "'x'.repeat(300000);</script></body></html>"), host=base)
+    crawl(runner.env_for(**stores), "-a", f"start={base}/go-private,{base}/go-public,{base}/big",
+          "-a", "render=browser", "-s", "DOWNLOAD_MAXSIZE=200000")
     assert web.hits_for(host=base, path="/private/away") == []
     stored = pages(stores)
     assert set(stored) == {f"{base}/go-public"}
     assert stored[f"{base}/go-public"]["final_url"] == f"{base}/public/landing"
     assert "landed" in body_of(stores, stored[f"{base}/go-public"])
-    (dead,) = frontier(redis_url).dead_letters()
-    assert f"{base}/go-private" in dead["payload"]
-    assert dead["reason"] == (f"robots.txt disallows {base}/private/away, where the page's "
-                              "browser navigation went")
+    dead = {json.loads(d["payload"])["url"]: d["reason"]
+            for d in frontier(redis_url).dead_letters()}
+    assert dead == {
+        f"{base}/go-private": f"robots.txt disallows {base}/private/away, where the page's "
+                              "browser navigation went",
+        f"{base}/big": "body over DOWNLOAD_MAXSIZE: the rendered page is 300039 B, past "
+                       "200000 B"}
 
 
 # -- the judgement and the configuration, without a crawl -----------------------------------
