@@ -47,3 +47,16 @@ def test_the_errback_gets_the_error_once_when_the_frontier_gives_up(stores):
         "retry/reason_count/scrapy.exceptions.DownloadConnectionRefusedError") == 2
     assert crawlcheck.stat(
         result.stderr, "retry/reason_count/scrapy.exceptions.CannotResolveHostError") == 2
+
+
+def test_a_playwright_error_is_one_line_in_its_dead_letter():
+    """Playwright's errors end with a "Call log:" of many lines: a dead letter's reason
+    is one line in `scrapy dlq`."""
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+    from webfarm.exceptions import error_text
+
+    exc = PlaywrightTimeout("Page.goto: Timeout 8000ms exceeded.\nCall log:\n  - navigating "
+                            'to "http://shop.test/x", waiting until "load"\n')
+    assert error_text(exc) == "TimeoutError: Page.goto: Timeout 8000ms exceeded."
+    assert error_text(ValueError("two\nlines")) == "ValueError: two\nlines"  # others as they are

@@ -350,16 +350,29 @@ def test_a_spider_written_for_scrapy_playwright_queues_its_page_methods(web, sto
     assert added not in body_of(stores, plain)  # (it is what made the difference)
 
 
-def test_missing_chromium_dead_letters_with_the_reason(web, stores, redis_url, tmp_path):
+@pytest.mark.parametrize(("how", "reason"), [
+    ("no Chromium on PATH", "no Chromium was found on PATH"),
+    # Before: Playwright tried the path anew for each page, each try a traceback.
+    ("a wrong executable_path", "PLAYWRIGHT_LAUNCH_OPTIONS executable_path="
+                                "'/nonexistent/chrome' is not an executable file"),
+])
+def test_missing_chromium_dead_letters_with_the_reason(web, stores, redis_url, tmp_path, how,
+                                                       reason):
     site = JsSite(pages=1).install(web, web.base_urls[0])
     empty = tmp_path / "bin"
     empty.mkdir()
-    env = runner.env_for(**stores, PATH=f"{empty}:{runner.SCRAPY[0].rsplit('/', 1)[0]}")
-    crawl(env, "-a", f"start={site.url()}", "-a", "render=browser")
+    if how == "no Chromium on PATH":
+        env = runner.env_for(**stores, PATH=f"{empty}:{runner.SCRAPY[0].rsplit('/', 1)[0]}")
+        args = ()
+    else:
+        env = runner.env_for(**stores)
+        args = ("-s", 'PLAYWRIGHT_LAUNCH_OPTIONS={"executable_path": "/nonexistent/chrome"}')
+    result = crawl(env, "-a", f"start={site.url()}", "-a", "render=browser", *args)
     assert pages(stores) == {}
     dead = frontier(redis_url).dead_letters()
-    assert len(dead) == 1 and "no Chromium was found on PATH" in dead[0]["reason"]
-    assert "make chromium" in dead[0]["reason"]
+    assert len(dead) == 1 and reason in dead[0]["reason"], dead
+    assert "make chromium" in dead[0]["reason"] or "fix it, or remove it" in dead[0]["reason"]
+    assert stat(result, "webfarm/render/browser_failed") <= 1
 
 
 def test_browser_subresources_pass_the_ssrf_guard_and_useless_renders_count(web, stores,

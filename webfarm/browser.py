@@ -111,7 +111,13 @@ class SystemChromiumProvider(PlaywrightBrowserProvider):
         override = os.environ.get(CHROMIUM_ENV, "").strip()
         configured = self.config.launch_options.get("executable_path")
         if not override and configured:
-            return str(configured)
+            path = str(configured)
+            if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+                # Playwright tried it anew for each page, WEBFARM_RETRY_TIMES times each.
+                raise BrowserNotFound(f"PLAYWRIGHT_LAUNCH_OPTIONS executable_path={path!r} is "
+                                      "not an executable file; fix it, or remove it to search "
+                                      f"PATH for {', '.join(CHROMIUM_NAMES)}")
+            return path
         found = find_chromium(override or None)
         if found:
             return found

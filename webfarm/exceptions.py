@@ -67,11 +67,13 @@ def error_text(exc: BaseException) -> str:
     Twisted's ``ResponseFailed`` (which Scrapy's ``DownloadFailedError`` wraps) holds a
     list of Failures, whose repr was the whole message: ``[<twisted.python.failure.Failure
     twisted.web._newclient.ParseError: ...>]``. Each of those is its own ``Type: message``
-    here."""
+    here. Playwright's errors carry a "Call log:" of many lines after their message:
+    only the message is kept (a dead letter is one line in `scrapy dlq`)."""
     reasons = getattr(exc, "reasons", None) or getattr(exc.__cause__, "reasons", None)
     if isinstance(reasons, list):
         inner = "; ".join(f"{type(r.value).__name__}: {r.value}" for r in reasons
                           if isinstance(getattr(r, "value", None), BaseException))
         if inner:
             return f"{type(exc).__name__}: {inner}"
-    return f"{type(exc).__name__}: {exc}"
+    message = str(exc).split("\nCall log:", 1)[0].strip()
+    return f"{type(exc).__name__}: {message}"
