@@ -118,6 +118,7 @@ class RenderMiddleware:
             self._read_spider(crawler.spider)
         self._served: defaultdict[str, int] = defaultdict(int)
         self._no_browser_logged = False
+        self._check_said = False  # a render_check that the rendered page failed too
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RenderMiddleware:
@@ -258,6 +259,15 @@ class RenderMiddleware:
                 self.stats.inc_value(f"{PREFIX}/wrong_guess")
                 logger.info("Render: the browser added nothing to %s (escalated for: %s)",
                             request.url, meta.get(META_REASON))
+                if isinstance(self.check, str) and not self._check_said:
+                    # A slip in the selector sends every page of the spider to the browser,
+                    # for nothing, and was said at INFO only.
+                    self._check_said = True
+                    logger.warning(
+                        "Render: render_check %r matches neither %s as fetched over HTTP nor "
+                        "as the browser rendered it: if the selector is wrong, every page goes "
+                        "to the browser for nothing; fix the spider's render_check (said once)",
+                        self.check, request.url)
             return response
         why = meta.get(META_WHY)
         if why in ("auto", "probe") and judgeable(response):

@@ -225,6 +225,18 @@ def test_render_check_selector_escalates_pages_missing_it(web, stores):
     assert stat(result, "webfarm/render/escalated") == 2
 
 
+def test_a_render_check_no_page_matches_is_said_once(web, stores):
+    """A slip in the selector sends every page to the browser, for nothing; it was said
+    at INFO, page by page, as 'the browser added nothing'."""
+    host = web.base_urls[1].split("//")[1]
+    site = JsSite(pages=3, is_js=lambda n: False, style="widget").install(web, host)
+    result = crawl(runner.env_for(**stores), "-a", f"start={site.url()}",
+                   "-a", "render_check=div.prodcut p")
+    assert stat(result, "webfarm/render/wrong_guess") >= 2
+    assert result.output.count("render_check 'div.prodcut p' matches neither") == 1
+    assert "fix the spider's render_check" in result.output
+
+
 # -- the fetch API rung (tests/fetchapiserver.py speaks the contract) -----------------------
 
 def frontier(redis_url: str):
