@@ -433,11 +433,11 @@ def test_a_render_that_never_lets_go_is_closed_and_dead_lettered(web, stores, re
         "</body></html>"), host=base)
     started = time.monotonic()
     result = crawl(runner.env_for(**stores), "-a", f"start={base}/spin", "-a", "render=browser",
-                   "-s", "DOWNLOAD_TIMEOUT=4", "-s", "PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT=4000",
+                   "-s", "DOWNLOAD_TIMEOUT=2", "-s", "PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT=2000",
                    "-s", "WEBFARM_RETRY_TIMES=1", timeout=90)
     assert time.monotonic() - started < 60
     (dead,) = frontier(redis_url).dead_letters()
-    assert "the render took over 8s (DOWNLOAD_TIMEOUT and the navigation timeout)" in \
+    assert "the render took over 4s (DOWNLOAD_TIMEOUT and the navigation timeout)" in \
         dead["reason"]
     assert stat(result, "webfarm/render/timeouts") == 1
     assert pages(stores) == {}
