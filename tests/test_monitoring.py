@@ -374,6 +374,9 @@ def test_scrapy_frontier_shows_figures_worst_first_json_and_watch(redis_url, rec
                  (now, "*|requests"): 90, (now, "*|status:2xx"): 60, (now, "*|status:4xx"): 25,
                  (now, "*|error:TimeoutError"): 5})
     frontier.push([Entry("queued.example", 0, f"q{i}".encode(), f"p{i}") for i in range(7)])
+    # bad.example: crawled, nothing queued now; its URLs and delay are the frontier's
+    frontier.server.hset(frontier.key("urls"), "bad.example", 59)
+    frontier.set_delay("bad.example", 0.5)
     env = runner.env_for(REDIS_URL=redis_url)
 
     doc = json.loads(runner.scrapy(["frontier", "generic", "--json"], env, 60).stdout)
@@ -382,6 +385,7 @@ def test_scrapy_frontier_shows_figures_worst_first_json_and_watch(redis_url, rec
     bad = doc["per_host"][0]
     assert bad["success_rate"] == 0.25 and bad["status"]["4xx"] == 25
     assert bad["errors"] == {"TimeoutError": 5} and bad["queued"] == 0
+    assert (bad["urls"], bad["delay"]) == (59, 0.5)  # were 0 and this command's default
     assert doc["per_host"][2]["queued"] == 7 and doc["per_host"][2]["success_rate"] is None
     assert doc["monitor"]["spider"]["error_count"] == 5 and doc["queued"] == 7
 

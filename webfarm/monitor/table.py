@@ -108,6 +108,7 @@ def add_figures(doc: dict[str, Any], frontier: Frontier, settings: Any,
     if not window.hosts and not window.spider.requests and not window.gauges:
         return False
     doc["per_host"] = host_rows(window, doc["per_host"], frontier.default_delay)
+    _known_to_the_frontier(frontier, [row for row in doc["per_host"] if "urls" not in row])
     doc["hosts_listed"] = len(doc["per_host"])
     doc["monitor"] = {
         "window_seconds": round(window.seconds, 1),
@@ -116,6 +117,20 @@ def add_figures(doc: dict[str, Any], frontier: Frontier, settings: Any,
         "alerts": alerts_firing(store.server, frontier.key("alerts")),
     }
     return True
+
+
+def _known_to_the_frontier(frontier: Frontier, rows: list[dict[str, Any]]) -> None:
+    """Hosts with figures and nothing queued: their URLs and delay from the frontier, as
+    a queued host's (they showed 0 URLs and this command's own default delay)."""
+    if not rows:
+        return
+    hosts = [row["host"] for row in rows]
+    urls = frontier.server.hmget(frontier.key("urls"), hosts)
+    delays = frontier.server.hmget(frontier.key("delay"), hosts)
+    for row, admitted, delay in zip(rows, urls, delays, strict=True):
+        row["urls"] = int(admitted or 0)
+        if delay:
+            row["delay"] = float(delay)
 
 
 def _num(value: float) -> str:
