@@ -291,7 +291,7 @@ class EmbeddedServices:
         for attempt in range(attempts):
             # The port it had before, when free: a worker running on through
             # `services down; up` (or a crash and a restart) reaches it again there.
-            port = last if attempt == 0 and last and procs.port_free(HOST, last) else \
+            port = last if attempt == 0 and last and self._frees(last) else \
                 procs.free_port(HOST)
             argv = self._argv(name, port)
             mark = log_path.stat().st_size if log_path.exists() else 0
@@ -322,6 +322,17 @@ class EmbeddedServices:
                 f"{name} server exited at start; see {log_path}: {tail}"
             )
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _frees(port: int, wait: float = 2.0) -> bool:
+        """Is ``port`` free, or free within ``wait`` s? A killed Valkey's child (an AOF
+        rewrite it forked) holds its listening socket for a moment."""
+        deadline = time.monotonic() + wait
+        while not procs.port_free(HOST, port):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def _last_port(self, name: str) -> int | None:
         try:
