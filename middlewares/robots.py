@@ -161,7 +161,12 @@ class RobotsMiddleware:
 
     def allowed_if_known(self, url: str) -> bool:
         """False when the rules this worker holds for ``url``'s origin disallow it."""
-        known = self._known.get(origin_of(url))
+        if not url.startswith(("http://", "https://")):
+            return True  # data:, blob:: no robots.txt speaks for them
+        try:
+            known = self._known.get(origin_of(url))
+        except ValueError:  # a URL the browser can make and urlsplit cannot read
+            return True
         return known is None or known.kind != "rules" or known.rules.allowed(url, self.agent)
 
     async def process_request(self, request: Request, spider: Spider | None = None) -> None:

@@ -171,7 +171,11 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         limit = (float(request.meta.get("download_timeout") or self.download_timeout)
                  + self.navigation_timeout)
         render = asyncio.ensure_future(super()._download_request(request, spider))
-        done, _ = await asyncio.wait({render}, timeout=limit)
+        try:
+            done, _ = await asyncio.wait({render}, timeout=limit)
+        except asyncio.CancelledError:  # the download is cancelled (a shutdown): so is it
+            render.cancel()
+            raise
         if done:
             response = render.result()
             page = self._render_pages.pop(request, None)
@@ -182,8 +186,8 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
                 raise DeadLetter(why)
             return response
         render.cancel()
-        with contextlib.suppress(BaseException):
-            await render
+        render.add_done_callback(lambda task: task.cancelled() or task.exception())  # seen
+        await asyncio.wait({render}, timeout=10)
         page = self._render_pages.pop(request, None)
         if page is not None and not page.is_closed():
             with contextlib.suppress(Exception):
