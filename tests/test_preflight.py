@@ -243,6 +243,24 @@ def test_a_misspelt_setting_name_is_said_with_the_name_meant(good, web):
     assert web.hits == []
 
 
+def test_a_library_s_own_setting_is_no_slip():
+    """scrapy-playwright's settings webfarm does not set are known by the names its code
+    spells: PLAYWRIGHT_CONTEXTS was a letter from PLAYWRIGHT_MAX_CONTEXTS."""
+    from scrapy.utils.project import get_project_settings
+
+    from webfarm.settingnames import misspelt_names
+
+    settings = get_project_settings()
+    settings.set("PLAYWRIGHT_CONTEXTS", {"a": {}}, priority="cmdline")
+    settings.set("PLAYWRIGHT_BROWSER_TYPE", "chromium", priority="cmdline")
+    settings.set("MYPROJECT_API_KEY", "k", priority="spider")  # a project's own
+    assert misspelt_names(settings) == []
+    settings.set("PLAYWRIGHT_CONTEXT", {}, priority="cmdline")
+    assert misspelt_names(settings) == [
+        "-s PLAYWRIGHT_CONTEXT: no such setting, Scrapy ignores it; did you mean "
+        "PLAYWRIGHT_CONTEXTS?"]
+
+
 def test_a_negative_idle_timeout_is_refused_in_process():
     """Below 0 ran the worker for ever (as 0 does), without a word."""
     from scrapy.settings import Settings

@@ -12,7 +12,10 @@ they are a letter or two from a known one.
 from __future__ import annotations
 
 import difflib
+import importlib.util
+import re
 from functools import lru_cache
+from pathlib import Path
 
 from scrapy.settings import SETTINGS_PRIORITIES, BaseSettings, default_settings
 
@@ -25,12 +28,22 @@ _SOURCES = {"cmdline": "-s", "spider": "the spider's custom_settings", "project"
 CLOSE = 0.85
 
 
+#: Packages whose own settings webfarm does not set but a user may: their names as
+#: their code spells them (``"PLAYWRIGHT_CONTEXTS"``), so none is taken for a slip.
+_PACKAGES = {"scrapy_playwright": re.compile(r"[\"'](PLAYWRIGHT_[A-Z0-9_]+)[\"']")}
+
+
 @lru_cache(maxsize=1)
 def _known() -> frozenset[str]:
     names = {n for n in vars(default_settings) if n.isupper()}
     project = _project_module()
     if project is not None:
         names |= {n for n in vars(project) if n.isupper()}
+    for package, spelled in _PACKAGES.items():
+        spec = importlib.util.find_spec(package)
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            for source in Path(folder).rglob("*.py"):
+                names |= set(spelled.findall(source.read_text(errors="replace")))
     return frozenset(names)
 
 
