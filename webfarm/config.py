@@ -210,6 +210,8 @@ def check_mongo(uri: str, variable: str = "MONGO_URI", timeout: float = 5.0,
                 f"{variable}: no MongoDB answered at {safe_url(uri)} within {timeout:g}s: "
                 "another service's port (MongoDB's is 27017 by default), or a network that "
                 "holds the connection; fix the URI or start MongoDB there") from None
+        # pymongo's "(configured timeouts: a, b)" held the comma the cut was at
+        first = first.split(" (configured timeouts:")[0]
         raise ConfigError(
             f"{variable}: cannot reach {safe_url(uri)} ({first}); "
             "start that server or fix the URI"
