@@ -173,8 +173,11 @@ class RenderMiddleware:
         if not self.browser_ok:
             logger.warning("Render: DOWNLOAD_HANDLERS do not use %s; pages that need "
                            "JavaScript are stored as fetched over HTTP", PLAYWRIGHT_HANDLER)
-        logger.info("Render: mode %s (spider: %s, %d host rules), fetch API %s",
-                    self.default_mode, self.spider_mode or "-", len(self.host_modes),
+        # The mode in force first: "mode auto (spider: http)" read as if auto were.
+        logger.info("Render: mode %s (%s), %d host rules, fetch API %s",
+                    self.spider_mode or self.default_mode,
+                    f"the spider's render; WEBFARM_RENDER {self.default_mode}"
+                    if self.spider_mode else "WEBFARM_RENDER", len(self.host_modes),
                     "on" if self.api else "off")
 
     async def spider_closed(self, spider: Spider) -> None:

@@ -441,6 +441,8 @@ def test_a_render_that_never_lets_go_is_closed_and_dead_lettered(web, stores, re
         dead["reason"]
     assert stat(result, "webfarm/render/timeouts") == 1
     assert pages(stores) == {}
+    # the mode in force first ("mode auto (spider: browser)" read as if auto were)
+    assert "Render: mode browser (the spider's render; WEBFARM_RENDER auto)" in result.output
 
 
 def test_a_script_s_navigation_keeps_robots_txt_and_the_page_its_own_url(web, stores,
