@@ -63,8 +63,8 @@ from twisted.internet.task import deferLater
 from middlewares.retry import parse_retry_after
 from webfarm import browser
 from webfarm import signals as wf_signals
-from webfarm.exceptions import DeadLetter, RetryLater, Unreadable
-from webfarm.queue import host_delay
+from webfarm.exceptions import DeadLetter, GiveBack, RetryLater, Unreadable
+from webfarm.queue import LEASE, host_delay
 from webfarm.redisconn import close_client, crawl_redis_client
 from webfarm.robots import (
     ALLOW_ALL,
@@ -181,12 +181,12 @@ class RobotsMiddleware:
                 logger.debug("Forbidden by robots.txt: %s", request)
                 self._inc("webfarm/robots/disallowed")
                 raise RobotsDisallowed("Forbidden by robots.txt")
-            if waited and known.spacing:
-                # Popped before the Crawl-delay was known, as part of a burst: back to the
-                # frontier, which now hands the host's requests out one per delay.
+            if waited and (known.spacing or self.base_delay) and LEASE in request.meta:
+                # Popped while robots.txt was read, and held: they would all go at once.
+                # Back to the frontier, which hands the host's requests out one per delay
+                # (a Crawl-delay's, or WEBFARM_HOST_DELAY's: that one was not kept).
                 self._inc("webfarm/robots/spaced")
-                raise RetryLater("robots.txt Crawl-delay: spaced out by the frontier",
-                                 delay=known.spacing)
+                raise GiveBack("held for robots.txt: back to the frontier, to be spaced")
             self._inc("webfarm/robots/allowed")
             return None
         if known.kind == "refused" and known.dead is not None:

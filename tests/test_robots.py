@@ -252,6 +252,28 @@ def test_disallowed_never_fetched_even_by_the_first_burst_of_two_workers(web, st
     assert cached[b"state"] == b"parsed" and cached[b"body"] == robots.encode()
 
 
+def test_requests_held_for_a_slow_robots_txt_keep_the_host_delay(web, stores):
+    """While robots.txt took its time, the frontier handed the host's pages out one per
+    WEBFARM_HOST_DELAY, and the worker held them all: they went out at once when it
+    answered (only a Crawl-delay spaced them again)."""
+    base = web.base_urls[1]
+    urls = mini_site(web, base, pages=4, private=0)
+
+    def slow_robots(info):
+        time.sleep(1.5)
+        return Response.text("User-agent: *\nDisallow: /private/\n")
+
+    web.route("/robots.txt", slow_robots, host=base)
+    result = runner.scrapy(crawl_args(urls[1:]), env(stores, WEBFARM_HOST_DELAY="0.4",
+                                                     WEBFARM_AUTOTHROTTLE="False"), 120)
+    assert result.returncode == 0, result.output[-3000:]
+    hits = sorted(h.monotonic for h in web.hits_for(host=base) if h.path != "/robots.txt")
+    gaps = [b - a for a, b in zip(hits, hits[1:], strict=False)]
+    assert len(hits) >= 4 and min(gaps) >= 0.4 * 0.75, gaps
+    assert stat(result.output, "webfarm/robots/spaced") >= 1
+    assert stat(result.output, "webfarm/frontier/given_back") >= 1  # no attempt spent
+
+
 def test_robots_500_holds_every_request_until_it_heals_404_allows_all(web, stores, tmp_path):
     base, absent = web.base_urls
     urls = mini_site(web, base, pages=3, private=2)

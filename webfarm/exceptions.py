@@ -55,6 +55,11 @@ class RetryLater(IgnoreRequest):
         self.response = response
 
 
+class GiveBack(IgnoreRequest):
+    """Put this leased request back in its host's queue as it was (no attempt spent), to be
+    handed out again in its turn: it was popped in a burst the host's delay must space."""
+
+
 class ItemError(ValueError):
     """An item that cannot be stored as declared; the message says what to fix. Fetching
     the page again gives the same item, so a crawl dead-letters its page at once (it can

@@ -27,7 +27,7 @@ from scrapy.settings import BaseSettings
 from twisted.internet.defer import succeed
 from twisted.python.failure import Failure
 
-from webfarm.exceptions import DeadLetter, ItemError, RetryLater, error_text
+from webfarm.exceptions import DeadLetter, GiveBack, ItemError, RetryLater, error_text
 from webfarm.frontier import Frontier, backoff
 from webfarm.outcomes import OutputHandler, given_up, retry_reason
 from webfarm.queue import ATTEMPTS, LEASE, allowed_attempts, request_attempts
@@ -92,6 +92,9 @@ class LeaseEnds:
         elif isinstance(exc, RetryLater):
             self._retry(lease, request, exc.reason, exc.delay, exc.status, exc.error,
                         retry_reason(exc))
+        elif isinstance(exc, GiveBack):
+            self.link.op("release", [lease])
+            self._inc("webfarm/frontier/given_back")
         elif isinstance(exc, IgnoreRequest):
             self.link.acks.append(lease)  # robots.txt disallows it...: a normal end
             self._inc("webfarm/frontier/acked")
