@@ -261,12 +261,26 @@ def content_hash(
     body = body or b""
     if not is_html(body, content_type):
         return hashlib.sha256(body).hexdigest()
+    return _html_fingerprint(body, content_type, encoding, volatile, False)[0]
+
+
+def _html_fingerprint(
+    body: bytes, content_type: str | bytes | None, encoding: str | None,
+    volatile: Sequence[str | re.Pattern[str]], with_simhash: bool,
+) -> tuple[str, int | None]:
+    """The hash (and SimHash) of an HTML body, computed: :func:`content_hash`'s and
+    :func:`fingerprint`'s one rule."""
     if encoding is None and content_type:
         if isinstance(content_type, bytes):
             content_type = content_type.decode("latin-1")
         encoding = http_content_type_encoding(content_type)
-    text = normalise_html(body, encoding, volatile) or _markup_only(body, encoding, volatile)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    text = normalise_html(body, encoding, volatile)
+    if text:
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        return digest, simhash(text) if with_simhash else None
+    # nothing visible: the markup, and nothing to compare for "nearly the same"
+    markup = _markup_only(body, encoding, volatile)
+    return hashlib.sha256(markup.encode("utf-8")).hexdigest(), None
 
 
 def fingerprint(
@@ -296,17 +310,7 @@ def fingerprint(
         if known is not None:
             _CACHE.move_to_end(key)
             return known
-    if encoding is None and content_type:
-        if isinstance(content_type, bytes):
-            content_type = content_type.decode("latin-1")
-        encoding = http_content_type_encoding(content_type)
-    text = normalise_html(body, encoding, volatile)
-    if text:
-        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        result = digest, simhash(text) if with_simhash else None
-    else:  # nothing to compare for "nearly the same"
-        markup = _markup_only(body, encoding, volatile)
-        result = hashlib.sha256(markup.encode("utf-8")).hexdigest(), None
+    result = _html_fingerprint(body, content_type, encoding, volatile, with_simhash)
     with _CACHE_LOCK:
         _CACHE[key] = result
         while len(_CACHE) > FINGERPRINT_CACHE:
