@@ -79,7 +79,6 @@ class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
             if not isinstance(exc.__cause__, httpcompression._DecompressionMaxSizeExceeded):
                 raise
             cause = exc.__cause__
-            limit = request.meta.get("download_maxsize", self._max_size)
             _inc(self.crawler, "too_big")
             _inc(self.crawler, "too_big/decompressed")
             raise Unreadable(
