@@ -125,6 +125,31 @@ def test_defer_host_only_moves_later(frontier: Frontier) -> None:
     assert frontier.pop("w") is None
 
 
+def test_a_render_goes_a_delay_after_the_last_request_to_reach_its_host(redis_url: str
+                                                                        ) -> None:
+    """A render reaches its host a page-open (or a browser start) after its hand-out, so
+    hand-outs spaced by the delay could arrive bunched: as it leaves, a render takes the
+    host's turn, a delay after the last request known to reach it (not its own hand-out),
+    and the host's next hand-out waits a delay after it."""
+    f = Frontier(redis.Redis.from_url(redis_url), "spider", default_delay=0.3)
+    f.push([entry("h.test", str(i)) for i in range(4)])
+
+    async def arrive(lease_id: str) -> float:
+        aio = AsyncFrontier(f, redis.asyncio.Redis.from_url(redis_url))
+        try:
+            return await aio.arrive("h.test", lease_id)
+        finally:
+            await aio.aclose()
+
+    assert asyncio.run(arrive(f.pop("w1").lease_id)) == 0  # the host's first: at once
+    slow = wait_until(lambda: f.pop("w1"))  # its page takes long to open ...
+    fast = wait_until(lambda: f.pop("w2"))  # ... another's, handed out a delay later, not
+    assert asyncio.run(arrive(fast.lease_id)) == 0
+    assert 0.25 < asyncio.run(arrive(slow.lease_id)) <= 0.3  # a delay after the other
+    assert f.pop("w2") is None
+    assert 0.5 < f.next_ready_in() <= 0.6  # a delay after the slow one's arrival
+
+
 def test_a_worker_kept_to_its_hosts_takes_another_crawl_s_only_when_none_took_them(
         client: redis.Redis) -> None:
     """Two ``scrapy crawl generic`` runs with other hosts share the spider's frontier: each

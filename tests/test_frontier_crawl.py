@@ -54,12 +54,16 @@ def page_hits(web, base):
     return [h for h in web.hits_for(host=base) if h.path != "/robots.txt"]
 
 
-@pytest.mark.parametrize("setting", ["WEBFARM_HOST_DELAY", "DOWNLOAD_DELAY", "DOWNLOAD_SLOTS"])
+@pytest.mark.parametrize("setting", ["WEBFARM_HOST_DELAY", "DOWNLOAD_DELAY", "DOWNLOAD_SLOTS",
+                                     "WEBFARM_RENDER"])
 def test_two_workers_keep_the_host_delay_at_the_server(paced_shop, stores, tmp_path,
                                                       setting):
     """Scrapy's DOWNLOAD_DELAY (or a spider's download_delay) and a DOWNLOAD_SLOTS entry's
     delay are floors of the shared host delay: before, each worker waited them only between
-    its own requests, so two workers hit the host twice as often as it asked."""
+    its own requests, so two workers hit the host twice as often as it asked. Renders
+    (``WEBFARM_RENDER=browser``) reach the host a page-open or a browser start after their
+    hand-out: before they took the host's turn as the navigation left, 6 of 13 gaps were
+    short, one 0.8 ms."""
     shop = paced_shop
     shop.clear_hits()
     base = shop.base_urls[0]
@@ -68,6 +72,8 @@ def test_two_workers_keep_the_host_delay_at_the_server(paced_shop, stores, tmp_p
     args = ["crawl", "generic", "-a", f"start={base}/"]
     if setting == "WEBFARM_HOST_DELAY":
         env[setting] = str(delay)
+    elif setting == "WEBFARM_RENDER":
+        env.update(WEBFARM_HOST_DELAY=str(delay), WEBFARM_RENDER="browser")
     elif setting == "DOWNLOAD_SLOTS":  # Scrapy's slot key: the bare host name
         slots = {urlsplit(base).hostname: {"delay": delay, "concurrency": 2},
                  "other.example": {"delay": 30}}

@@ -28,7 +28,7 @@ import logging
 import os
 import shutil
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from scrapy_playwright.provider import PlaywrightBrowserProvider
@@ -160,6 +160,9 @@ _refusals: list[str] = []  # recent refusals, for the render middleware's stats 
 _robots: Callable[[str], bool] | None = None  # False: robots.txt known to disallow the URL
 #: why a page's main-frame navigation was refused (it shows Chromium's error page then)
 _navigations: weakref.WeakKeyDictionary[Page, str] = weakref.WeakKeyDictionary()
+#: what a page's next main-frame request waits for (:func:`wait_turn`)
+_turns: weakref.WeakKeyDictionary[Page, Callable[[], Awaitable[Any]]] = (
+    weakref.WeakKeyDictionary())
 
 
 def configure(guard: NetGuard | None, skip_resources: Iterable[str]) -> None:
@@ -175,6 +178,17 @@ def configure_robots(allowed: Callable[[str], bool] | None) -> None:
     worker knows; an origin it does not know is allowed), or None to drop it."""
     global _robots
     _robots = allowed
+
+
+def wait_turn(page: Page, turn: Callable[[], Awaitable[Any]] | None) -> None:
+    """Have ``page``'s next main-frame request await ``turn()`` once it passed every check,
+    the last step before it leaves for the host (None: no longer). The frontier spaces
+    hand-outs; a render reaches the host a page-open or a browser start later, so its
+    host's turn is taken here (``webfarm.signals.render_arrival``)."""
+    if turn is None:
+        _turns.pop(page, None)
+    else:
+        _turns[page] = turn
 
 
 def navigation_refusal(page: Page) -> str | None:
@@ -218,25 +232,29 @@ async def abort_request(request: PlaywrightRequest) -> bool:
         _refused(request, f"robots.txt disallows {request.url[:200]}, where the page's "
                           f"browser {kind} went")
         return True
-    if _guard is None:
-        return False
-    reason = await _guard.check_url(request.url)
-    if reason is None:
-        return False
-    logger.warning("SSRF guard: browser %s to %s refused: %s", kind, request.url, reason)
-    if len(_refusals) < 1000:
-        _refusals.append(f"{kind}: {reason}")
-    _refused(request, f"ssrf: browser {kind} to {request.url[:200]} refused: {reason}")
-    return True
+    reason = None if _guard is None else await _guard.check_url(request.url)
+    if reason is not None:
+        logger.warning("SSRF guard: browser %s to %s refused: %s", kind, request.url, reason)
+        if len(_refusals) < 1000:
+            _refusals.append(f"{kind}: {reason}")
+        _refused(request, f"ssrf: browser {kind} to {request.url[:200]} refused: {reason}")
+        return True
+    if navigation:
+        turn = _turns.pop(_main_frame_page(request), None) if _turns else None
+        if turn is not None:
+            await turn()
+    return False
+
+
+def _main_frame_page(request: PlaywrightRequest) -> Page | None:
+    try:
+        frame = request.frame
+        return frame.page if frame.parent_frame is None else None
+    except Exception:  # a service worker's request has no frame
+        return None
 
 
 def _refused(request: PlaywrightRequest, why: str) -> None:
     """Keep why a main-frame navigation was refused, for the page's download."""
-    if not request.is_navigation_request():
-        return
-    try:
-        frame = request.frame
-        if frame.parent_frame is None:
-            _navigations[frame.page] = why
-    except Exception:  # a service worker's request has no frame
-        pass
+    if request.is_navigation_request() and (page := _main_frame_page(request)) is not None:
+        _navigations[page] = why

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,7 @@ from scrapy_playwright._utils import _encode_body
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 
 from webfarm import browser
+from webfarm import signals as wf_signals
 from webfarm.config import whole_number
 from webfarm.exceptions import DeadLetter
 
@@ -197,6 +199,18 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
             f"the render took over {limit:.0f}s (DOWNLOAD_TIMEOUT and the navigation "
             "timeout): the page's JavaScript does not let go (a busy loop?); its page was "
             "closed")
+
+    async def _download_request_with_page(self, request: Request, page: Page, spider: Spider
+                                          ) -> Response:
+        # The host's turn, which the frontier handed out before this page opened (or the
+        # browser started), is taken as the navigation's request leaves (abort_request).
+        browser.wait_turn(page, functools.partial(
+            self.crawler.signals.send_catch_log_async, wf_signals.render_arrival,
+            request=request))
+        try:
+            return await super()._download_request_with_page(request, page, spider)
+        finally:
+            browser.wait_turn(page, None)  # not taken: refused, or the page kept
 
     async def _create_page(self, request: Request, spider: Spider) -> Page:
         page = await super()._create_page(request=request, spider=spider)

@@ -162,6 +162,17 @@ class FrontierLink:
         if self.ops:  # came while this one was on its way
             self.start(0)
 
+    async def arrive(self, host: str, lease_id: str) -> float:
+        """Seconds a render of ``lease_id`` must still wait before it reaches ``host``; 0
+        while Redis cannot say (it hands out nothing meanwhile either)."""
+        if self.aio is None or self.waiting():
+            return 0.0
+        try:
+            return await self.aio.arrive(host, lease_id)
+        except REDIS_ERRORS as exc:
+            self.error(exc)
+            return 0.0
+
     def frontier_idle(self) -> bool | None:
         """Is the whole frontier empty (nothing queued, delayed or leased, by any worker)?
 

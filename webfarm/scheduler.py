@@ -38,6 +38,7 @@ its scraping (callback and pipelines) completes. It is checked at start.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -80,7 +81,7 @@ from webfarm.queue import (
 )
 from webfarm.redisconn import REDIS_ERRORS, async_redis_client, redis_client
 from webfarm.serialize import SerializationError
-from webfarm.urls import bare_host, within_domains
+from webfarm.urls import bare_host, host_of, within_domains
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,7 @@ class Scheduler(BaseScheduler):
         connect(scheduler.ends.spider_error, signal=signals.spider_error)
         connect(scheduler.host_delay, signal=wf_signals.host_delay)
         connect(scheduler.host_defer, signal=wf_signals.host_defer)
+        connect(scheduler.render_arrival, signal=wf_signals.render_arrival)
         return scheduler
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -358,6 +360,16 @@ class Scheduler(BaseScheduler):
         self.link.op("defer", self.frontier._defer_args(host, seconds))
 
     # -- talking to Redis (webfarm.frontierlink) ------------------------------------------
+
+    async def render_arrival(self, request: Request, **kwargs: Any) -> None:
+        """A render is about to reach its host: wait there for the host's turn."""
+        lease_id = request.meta.get(LEASE)
+        if self.link is None or lease_id is None:  # not from the frontier
+            return
+        wait = await self.link.arrive(host_of(request.url), lease_id)
+        if wait > 0:
+            self._inc("webfarm/frontier/render_waits")
+            await asyncio.sleep(wait)
 
     def _exchanged(self, result: Exchange, pop: int, later: bool) -> None:
         if sum(result.enqueued) or result.popped:

@@ -16,3 +16,9 @@ LEARNED = "autothrottle"  # the latency rule's source (webfarm.throttle)
 # host: str, seconds: float, source: str ("retry-after", ...). No request to the host for
 # at least ``seconds`` from now (does not change its delay afterwards).
 host_defer = object()
+
+# request: Request, about to reach its host through the browser. Sent (and awaited, with
+# ``send_catch_log_async``) just before a render navigates: the frontier scheduler waits
+# there for the host's turn, which it may have handed out a page-open or a browser start
+# ago, and keeps the host's next hand-out a delay after it.
+render_arrival = object()

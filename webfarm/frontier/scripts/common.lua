@@ -22,6 +22,8 @@
 --   seen      SET   fingerprints (dupefilter 'set')
 --   urls      HASH  host -> URLs admitted through the dupefilter (the host budget counts these)
 --   bloom     HASH  the Bloom filter's layers; bloom:<i> STRING layer i's bitmap
+--   arrived   HASH  host -> 'MS LEASE', the last request known to reach it: a render's
+--                   arrival, or a hand-out, once the host has had a render (see OPS.arrive)
 --
 -- Times come from the server's clock (TIME), never from workers.
 
@@ -31,6 +33,7 @@ local K_STATS, K_READY, K_COOL, K_DELAY = P .. 'stats', P .. 'ready', P .. 'cool
 local K_DELAYED, K_LEASES, K_LEASE = P .. 'delayed', P .. 'leases', P .. 'lease'
 local K_SEQ, K_DEAD, K_SEEN, K_BLOOM = P .. 'seq', P .. 'dead', P .. 'seen', P .. 'bloom'
 local K_RETRIES, K_URLS, K_WORKERS = P .. 'retries', P .. 'urls', P .. 'workers'
+local K_ARRIVED = P .. 'arrived'
 
 local T = redis.call('TIME')
 local NOW = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000) -- ms, an exact integer
@@ -248,7 +251,11 @@ local function pop_one(worker, lease_ms, default_ms, scope, wait)
         else
           redis.call('ZADD', K_READY, nxt, host)
         end
-        return {lease(host, prio, member, worker, lease_ms), host, payload, tonumber(att)}
+        local id = lease(host, prio, member, worker, lease_ms)
+        if redis.call('HEXISTS', K_ARRIVED, host) == 1 then -- a host that has renders
+          redis.call('HSET', K_ARRIVED, host, fmt_int(NOW) .. ' ' .. id)
+        end
+        return {id, host, payload, tonumber(att)}
       end
     end
   end

@@ -226,6 +226,27 @@ OPS.defer = function()
   return 1
 end
 
+-- arrive: ARGV 3 host, 4 lease id, 5 default ms -> ms the request must still wait.
+-- A render reaches the host some time after its hand-out (a page to open, a browser to
+-- start), so hand-outs spaced by the host's delay can arrive bunched. A render asks here
+-- just before it navigates: it goes a delay after the last request known to reach the
+-- host (another render's arrival, or any hand-out since this one's), and the host's next
+-- hand-out waits a delay after it.
+OPS.arrive = function()
+  local host, id = ARGV[3], ARGV[4]
+  local delay = host_delay_ms(host, tonumber(ARGV[5]))
+  local at = NOW
+  local last = redis.call('HGET', K_ARRIVED, host)
+  if last then
+    local ms, who = string.match(last, '^(%d+) (.*)$')
+    if ms and who ~= id then at = math.max(NOW, tonumber(ms) + delay) end
+  end
+  redis.call('HSET', K_ARRIVED, host, fmt_int(at) .. ' ' .. id)
+  local key = redis.call('ZSCORE', K_READY, host) and K_READY or K_COOL
+  redis.call('ZADD', key, 'GT', at + delay, host)
+  return fmt_int(at - NOW)
+end
+
 -- set_delay: ARGV 3 host, 4 seconds, 5 default ms. A longer delay also pushes back the pending
 -- next-allowed time (it was computed with the old, shorter delay).
 OPS.set_delay = function()
