@@ -18,9 +18,30 @@ from scrapy.settings import default_settings as _scrapy
 _READ_BY_NAME: set[str] = set()  # variables read below by name (their own parsing)
 
 
-def _env(name: str, default: str = "") -> str:
+_SET_BY_NAME: dict[str, str] = {}  # setting -> variable, of those the environment set
+
+
+def _env(name: str, default: str = "", setting: str = "") -> str:
+    """Variable ``name`` (empty: unset, ``default``), for ``setting`` (``name`` if not
+    given)."""
     _READ_BY_NAME.add(name)
-    return os.environ.get(name, default).strip()
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    _SET_BY_NAME[setting or name] = name
+    return value
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    """Variable ``name`` as a boolean; one that does not read as one stops the process (a
+    slip like ``WEBFARM_SSRF_GUARD=disabled`` left the guard on without a word)."""
+    raw = _env(name).lower()
+    if not raw:
+        return default
+    if raw not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise SystemExit(f"{name}={raw!r} (the environment) is not a boolean (true/false, "
+                         f"1/0) for {name}; unset it or give one")
+    return raw in ("1", "true", "yes", "on")
 
 
 BOT_NAME = "webfarm"
@@ -42,7 +63,7 @@ WEBFARM_DATA_DIR = _env("WEBFARM_DATA_DIR")
 
 # --- identity and politeness -------------------------------------------------
 WEBFARM_USER_AGENT_PLACEHOLDER = "webfarm/0.1 (+https://example.invalid/set-WEBFARM_USER_AGENT)"
-USER_AGENT = _env("WEBFARM_USER_AGENT", WEBFARM_USER_AGENT_PLACEHOLDER)
+USER_AGENT = _env("WEBFARM_USER_AGENT", WEBFARM_USER_AGENT_PLACEHOLDER, "USER_AGENT")
 ROBOTSTXT_OBEY = True  # middlewares/robots.py: RFC 9309, shared through Redis
 # robots.txt groups match this product token; empty: USER_AGENT's ("webfarm" of "webfarm/0.1").
 WEBFARM_ROBOTS_AGENT = _env("WEBFARM_ROBOTS_AGENT")
@@ -78,6 +99,7 @@ WEBFARM_STRIP_PARAMS: list[str] = []
 # --- the frontier (Redis) ----------------------------------------------------
 SCHEDULER = "webfarm.scheduler.Scheduler"
 SCHEDULER_QUEUE_CLASS = "webfarm.frontier.Frontier"
+SCHEDULER_FLUSH_ON_START = False  # wipe the spider's frontier as a worker starts (the demo)
 DUPEFILTER_CLASS = "webfarm.dupefilter.BloomDupeFilter"  # or webfarm.dupefilter.SetDupeFilter
 WEBFARM_BLOOM_CAPACITY = 1_000_000  # URLs before the Bloom filter adds a layer
 WEBFARM_BLOOM_ERROR_RATE = 0.001
@@ -182,7 +204,7 @@ WEBFARM_GC_THRESHOLDS = [100000, 20, 20]
 # --- SSRF guard (middlewares/ssrf.py, webfarm/netguard.py) ---------------------------
 # Requests whose host resolves to a loopback, private, link-local (cloud metadata),
 # multicast or reserved address are dead-lettered, redirect hops included.
-WEBFARM_SSRF_GUARD = _env("WEBFARM_SSRF_GUARD", "1").lower() not in ("0", "false", "no", "off")
+WEBFARM_SSRF_GUARD = _env_bool("WEBFARM_SSRF_GUARD", True)
 # Comma-separated CIDRs allowed anyway (e.g. 10.20.0.0/16 for an intranet crawl).
 WEBFARM_ALLOWED_NETWORKS = _env("WEBFARM_ALLOWED_NETWORKS")
 WEBFARM_SSRF_DNS_CACHE = 30.0  # seconds a checked resolution is reused
@@ -294,6 +316,9 @@ WEBFARM_RECRAWL_BATCH = 10_000  # most overdue pages enqueued per round
 # = responses in flight / pipeline latency); 10 MB: 90 -> 98 pages/s at 100 KB, 20 MB no more.
 SCRAPER_SLOT_MAX_ACTIVE_SIZE = 10_000_000
 WEBFARM_INDEX_BATCH_SIZE = 200
+# Fields indexed in every item collection besides its key, e.g. ["source_url"]: each index
+# is work on every item write, so none by default.
+WEBFARM_ITEM_INDEXES: list[str] = []
 # 0.2 s over 0.1 s: half the batches, each with a fixed cost in the crawler, the storage
 # process and MongoDB: MongoDB's CPU a page 5-9% lower, one crawler's pages/s the same
 # (README, WEBFARM_INDEX_BATCH_SECONDS).
@@ -360,7 +385,7 @@ WEBFARM_ALERT_STALL_SECONDS = 300.0  # no fetch ended this long while work is qu
 
 # --- runtime -----------------------------------------------------------------
 TWISTED_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
-LOG_LEVEL = _env("WEBFARM_LOG_LEVEL", "INFO").upper()
+LOG_LEVEL = _env("WEBFARM_LOG_LEVEL", "INFO", "LOG_LEVEL").upper()
 if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):  # else a traceback
     raise SystemExit(f"WEBFARM_LOG_LEVEL={LOG_LEVEL!r} (the environment) is not a log level "
                      "(DEBUG, INFO, WARNING, ERROR or CRITICAL); unset it or give one")
@@ -395,6 +420,8 @@ def _typed(setting: str, variable: str, raw: str, default: object) -> object:
             return int(raw) if raw.lstrip("-").isdigit() else float(raw)
         elif isinstance(default, (dict, list, tuple)):
             kind = "JSON" + (" (an object)" if isinstance(default, dict) else " (a list)")
+            if not isinstance(default, dict) and not raw.startswith("["):
+                return raw  # comma-separated, as -s gives it (getlist splits it)
             value = _json.loads(raw)
             if isinstance(value, dict) == isinstance(default, dict):
                 return value
@@ -426,4 +453,4 @@ def _from_environment(namespace: dict[str, object]) -> dict[str, str]:
 
 
 # Which settings came from the environment (for messages and `scrapy settings --get`).
-WEBFARM_FROM_ENVIRONMENT = _from_environment(globals())
+WEBFARM_FROM_ENVIRONMENT = {**_SET_BY_NAME, **_from_environment(globals())}

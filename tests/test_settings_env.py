@@ -39,7 +39,14 @@ def test_a_setting_comes_from_the_variable_of_its_name_as_its_type():
         # A whole number for a float setting stays a float: read as an int, the start-up
         # check took the setting for a count and refused -s ...=0.5 ("not a whole number").
         "WEBFARM_STORAGE_RETRY_SECONDS": "60",
-    }, "WEBFARM_HOST_BUDGET", "WEBFARM_NEARDUP", "WEBFARM_INDEX_BATCH_SECONDS",
+        # A list from a comma-separated value, as -s gives it; and settings only code read
+        # (not in settings/base.py, so their variables were dropped without a word).
+        "WEBFARM_ITEM_INDEXES": "source_url,content_hash",
+        "WEBFARM_SCHEDULER_FLUSH_ON_START": "true",
+        # Read by name (their own parsing): listed as set by the environment too.
+        "WEBFARM_SSRF_GUARD": "off", "WEBFARM_USER_AGENT": "acme-bot/1.0",
+    }, "WEBFARM_ITEM_INDEXES", "SCHEDULER_FLUSH_ON_START", "WEBFARM_SSRF_GUARD", "USER_AGENT",
+        "WEBFARM_HOST_BUDGET", "WEBFARM_NEARDUP", "WEBFARM_INDEX_BATCH_SECONDS",
         "ITEM_PIPELINES", "DEPTH_LIMIT", "DOWNLOAD_TIMEOUT", "LOG_LEVEL", "WEBFARM_RETRY_TIMES",
         "RETRY_TIMES", "WEBFARM_HOST_DELAY", "WEBFARM_STORAGE_RETRY_SECONDS",
         "WEBFARM_FROM_ENVIRONMENT")
@@ -50,10 +57,17 @@ def test_a_setting_comes_from_the_variable_of_its_name_as_its_type():
         "DOWNLOAD_TIMEOUT": "WEBFARM_DOWNLOAD_TIMEOUT", "WEBFARM_RETRY_TIMES":
         "WEBFARM_RETRY_TIMES",
         "WEBFARM_STORAGE_RETRY_SECONDS": "WEBFARM_STORAGE_RETRY_SECONDS",
-        "WEBFARM_IDLE_TIMEOUT": "WEBFARM_IDLE_TIMEOUT"}  # the tests' environment sets it
+        "WEBFARM_ITEM_INDEXES": "WEBFARM_ITEM_INDEXES",
+        "SCHEDULER_FLUSH_ON_START": "WEBFARM_SCHEDULER_FLUSH_ON_START",
+        "WEBFARM_SSRF_GUARD": "WEBFARM_SSRF_GUARD", "USER_AGENT": "WEBFARM_USER_AGENT",
+        # the tests' environment sets these
+        "WEBFARM_IDLE_TIMEOUT": "WEBFARM_IDLE_TIMEOUT",
+        "WEBFARM_ALLOWED_NETWORKS": "WEBFARM_ALLOWED_NETWORKS"}
     assert isinstance(got["WEBFARM_STORAGE_RETRY_SECONDS"], float)
     assert isinstance(got["WEBFARM_INDEX_BATCH_SECONDS"], float)
     assert got == {
+        "WEBFARM_ITEM_INDEXES": "source_url,content_hash", "SCHEDULER_FLUSH_ON_START": True,
+        "WEBFARM_SSRF_GUARD": False, "USER_AGENT": "acme-bot/1.0",
         "WEBFARM_HOST_BUDGET": 20, "WEBFARM_NEARDUP": False, "WEBFARM_INDEX_BATCH_SECONDS": 2.0,
         "ITEM_PIPELINES": {"pipelines.mine.Clean": 400}, "DEPTH_LIMIT": 3,
         "DOWNLOAD_TIMEOUT": 7.5, "LOG_LEVEL": "INFO", "WEBFARM_RETRY_TIMES": 4,
@@ -79,6 +93,9 @@ def test_a_crawl_takes_the_environment_and_the_command_line_wins(web, stores):
                                                        "ITEM_PIPELINES"),
     ("WEBFARM_HOST_BUDGET", "-1", "WEBFARM_HOST_BUDGET=-1 is below 0; give a number, or 0 for "
                                   "no limit, in the environment variable WEBFARM_HOST_BUDGET"),
+    # Read by name: any value but 0/false/no/off left the guard on, a slip in silence.
+    ("WEBFARM_SSRF_GUARD", "disabled", "WEBFARM_SSRF_GUARD='disabled' (the environment) is "
+                                       "not a boolean (true/false, 1/0) for WEBFARM_SSRF_GUARD"),
     ("WEBFARM_LOG_LEVEL", "LOUD", "WEBFARM_LOG_LEVEL='LOUD' (the environment) is not a log "
                                   "level (DEBUG, INFO, WARNING, ERROR or CRITICAL)"),
 ])

@@ -49,7 +49,7 @@ def storage_threads(crawler: Crawler) -> StorageThreads:
     """The crawler's shared pool, created on first use."""
     threads = getattr(crawler, _ATTR, None)
     if threads is None:
-        threads = StorageThreads(crawler.settings.getint("WEBFARM_STORAGE_THREADS", 8))
+        threads = StorageThreads(crawler.settings.getint("WEBFARM_STORAGE_THREADS", 16))
         setattr(crawler, _ATTR, threads)
     return threads
 
