@@ -504,3 +504,42 @@ def test_json_ld_counts_other_scripts_do_not() -> None:
         (page % ("OutOfStock", "n1")).replace("<h1>", deep + "<h1>").encode())
     assert "InStock" in normalise_html(
         b"<script type='Application/LD+JSON '>{\"a\": \"InStock\"}</script>")
+
+
+def test_structured_data_in_attributes_counts_other_attributes_do_not() -> None:
+    """Microdata, RDFa and data ``<meta>`` are written for machines, as JSON-LD is: two
+    product pages that differed only there were one content, and a re-parse of the second
+    read the first one's body, another host's too (its price, its form's target)."""
+    shop = ('<html><head><title>Kettle</title>{meta}</head><body><div itemscope>'
+            '<h1 itemprop="name">Kettle</h1>{prop}<img src="/k.jpg?v={v}" class="{cls}" '
+            'data-track="{v}"><a href="/buy">Buy</a></div></body></html>')
+    base = {"meta": '<meta property="og:price:amount" content="100.00">',
+            "prop": '<meta itemprop="price" content="100.00">', "v": "1", "cls": "a"}
+
+    def kettle(**changes: str) -> bytes:
+        return shop.format(**{**base, **changes}).encode()
+
+    for changed in (
+        {"prop": '<meta itemprop="price" content="1.00">'},
+        {"prop": '<link itemprop="availability" href="https://schema.org/OutOfStock">'},
+        {"prop": '<img itemprop="image" src="/other.jpg">'},
+        {"prop": '<span property="price" content="1.00">100.00</span>'},  # RDFa
+        {"meta": '<meta property="og:price:amount" content="1.00">'},
+        {"meta": '<meta name="description" content="A red kettle">'},
+        {"meta": '<meta name="twitter:data1" content="1.00">'},
+    ):
+        assert h(kettle(**changed)) != h(kettle()), changed
+    for same in (  # markup, cache-busters, scripts' attributes and page chrome
+        {"v": "2", "cls": "b"},
+        {"meta": base["meta"] + '<meta name="csrf-token" content="x9">'
+                                '<meta name="viewport" content="width=device-width">'},
+        {"prop": base["prop"].replace('"price"', ' "price" ').replace("100.00", " 100.00")},
+    ):
+        assert h(kettle(**same)) == h(kettle()), same
+    modified = '<meta itemprop="dateModified" content="2024-05-01T%sZ">' + base["prop"]
+    assert h(kettle(prop=modified % "12:00:03")) == h(kettle(prop=modified % "13:41:07"))
+    # the same in the fallback for documents libxml2 cannot build (deep nesting here)
+    deep = "<div>" * 3000 + "x" + "</div>" * 3000
+    assert h(kettle(prop=deep + base["prop"])) != h(
+        kettle(prop=deep + '<meta itemprop="price" content="1.00">'))
+    assert h(kettle(prop=deep + base["prop"], v="2")) == h(kettle(prop=deep + base["prop"]))

@@ -19,6 +19,14 @@ So :func:`normalise_html` keeps what makes a page *this* page:
   for machines, which extractors read first (a product's price, its
   availability); a change there is a change even where the visible text kept
   its words;
+* the other structured data, for the same reason (:func:`_machine_value`): a
+  microdata or RDFa property's value held in an attribute (``<meta
+  itemprop=price content=…>``, ``<link itemprop=availability href=…>``, an
+  ``<img itemprop=image src=…>``, a ``<time datetime=…>``), and ``<meta>``
+  data: OpenGraph and Twitter cards, ``description``, ``keywords``,
+  ``author``, citation and Dublin Core fields. Before, two product pages that
+  differed only there were one content, and a re-parse of the second read the
+  first one's body (even another host's);
 
 and drops what changes without meaning:
 
@@ -27,8 +35,8 @@ and drops what changes without meaning:
   JavaScript" chrome, and it is not rendered by the browser rung, so dropping
   it keeps HTTP and browser fetches of one page comparable), comments and
   processing instructions, hidden ``<input>`` (CSRF tokens), all markup and
-  attributes other than link targets (so ``<meta name=csrf-token>`` and
-  cache-busted ``<link>``/``<img>`` URLs do not count);
+  attributes other than those above (so ``<meta name=csrf-token>``, ``data-*``
+  attributes and cache-busted ``<link>``/``<img>`` URLs do not count);
 * what :data:`DEFAULT_VOLATILE_PATTERNS` matches in the remaining text:
   date-times and clock times with seconds, "3 minutes ago", "generated in
   0.12 s", session ids, CSRF tokens and nonces in URLs, cache-buster query
@@ -57,7 +65,7 @@ import re
 import threading
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from lxml import etree
 from w3lib.encoding import html_to_unicode, http_content_type_encoding
@@ -83,6 +91,16 @@ _CACHE_LOCK = threading.Lock()
 _VOLATILES: dict[tuple[str | re.Pattern[str], ...], tuple[str | re.Pattern[str], ...]] = {}
 _DROP_TAGS = frozenset({"script", "style", "noscript", "template"})
 _LINK_TAGS = frozenset({"a", "area"})
+#: where a microdata/RDFa property without ``content`` keeps its value (HTML's microdata
+#: rules); other elements' value is their text, which is kept anyway
+_PROPERTY_ATTR = {"audio": "src", "embed": "src", "iframe": "src", "img": "src",
+                  "source": "src", "track": "src", "video": "src", "a": "href", "area": "href",
+                  "link": "href", "object": "data", "data": "value", "meter": "value",
+                  "time": "datetime"}
+#: ``<meta name=…>`` that carry a page's data (others: viewport, csrf-token, generator, …)
+_META_NAMES = frozenset({"description", "keywords", "author", "title"})
+_META_PREFIXES = ("og:", "twitter:", "article:", "product:", "book:", "profile:", "music:",
+                  "video:", "citation_", "dc.", "dcterms.")
 _HTML_SNIFF = re.compile(rb"<!doctype\s+html|<html[\s>]|<head[\s>]|<body[\s>]", re.IGNORECASE)
 
 
@@ -113,6 +131,7 @@ def _pieces_lxml(text: str) -> list[str] | None:
     if root is None:
         return []
     pieces: list[str] = []
+    props = "itemprop" in text or "property" in text  # else no element's attributes are read
     walker = etree.iterwalk(root, events=("start", "end"))
     for event, el in walker:
         tag = el.tag if isinstance(el.tag, str) else ""
@@ -128,6 +147,10 @@ def _pieces_lxml(text: str) -> list[str] | None:
                 href = el.get("href")
                 if href is not None and href.strip():
                     pieces.append(f"<{href.strip()}>")
+            if tag == "meta" or (props and (el.get("itemprop") or el.get("property"))):
+                value = _machine_value(tag, el.get)
+                if value:
+                    pieces.append(value)
             if el.text:
                 pieces.append(el.text)
         elif el.tail:
@@ -141,6 +164,29 @@ _RX_DROP = re.compile(
     re.IGNORECASE | re.DOTALL,
 )
 _RX_TYPE = re.compile(r"""\btype\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""", re.IGNORECASE)
+
+
+def _machine_value(tag: str, get: Callable[[str], str | None]) -> str | None:
+    """``[property=value]`` for an element's structured data held in an attribute, or
+    None: a microdata (``itemprop``) or RDFa (``property``) value, or a data ``<meta>``."""
+    prop = get("itemprop") or get("property")
+    if prop and prop.strip():
+        value = get("content")
+        if value is None and tag in _PROPERTY_ATTR:
+            value = get(_PROPERTY_ATTR[tag])
+    elif tag == "meta":
+        prop = get("name")
+        if not prop:
+            return None
+        low = prop.strip().lower()
+        if low not in _META_NAMES and not low.startswith(_META_PREFIXES):
+            return None
+        value = get("content")
+    else:
+        return None
+    if value is None or not value.strip():
+        return None
+    return f"[{prop.strip()}={value.strip()}]"
 
 
 def _is_json_ld(media: str | None) -> bool:
@@ -167,6 +213,7 @@ def _json_ld(text: str) -> str:
         return text
 _RX_TAG = re.compile(r"<(/?)([a-zA-Z][^\s/>]*)([^>]*)>?")
 _RX_HREF = re.compile(r"""\bhref\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""", re.IGNORECASE)
+_RX_ATTR = re.compile(r"""([^\s=/>"']+)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""")
 
 
 def _pieces_regex(text: str) -> list[str]:
@@ -178,12 +225,23 @@ def _pieces_regex(text: str) -> list[str]:
         pieces.append(html.unescape(text[pos : m.start()]))
         pos = m.end()
         closing, name, attrs = m.groups()
-        if not closing and name.lower() in _LINK_TAGS:
+        if closing:
+            continue
+        tag = name.lower()
+        if tag in _LINK_TAGS:
             h = _RX_HREF.search(attrs)
             if h:
                 href = html.unescape(next(g for g in h.groups() if g is not None)).strip()
                 if href:
                     pieces.append(f"<{href}>")
+        if tag == "meta" or "prop" in attrs.lower():
+            found: dict[str, str] = {}
+            for a in _RX_ATTR.finditer(attrs):
+                found.setdefault(a.group(1).lower(), html.unescape(
+                    next((g for g in a.group(2, 3, 4) if g is not None), "")))
+            value = _machine_value(tag, found.get)
+            if value:
+                pieces.append(value)
     pieces.append(html.unescape(text[pos:]))
     return pieces
 
