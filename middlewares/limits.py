@@ -20,6 +20,7 @@ with the retry policy (backoff, then the dead-letter queue).
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from scrapy import Request, Spider
@@ -179,6 +180,10 @@ def _decodes(body: bytes, encoding: str) -> bool:
     return True
 
 
+_NO_BOM = {"utf-16": "utf-16-le", "utf-32": "utf-32-le"}
+_WIDE = ("utf-16", "utf-32")
+
+
 def sensible_encoding(body: bytes, declared: list[str | None]) -> str | None:
     """The encoding to read ``body`` with, given the labels it came with (header first).
 
@@ -194,6 +199,8 @@ def sensible_encoding(body: bytes, declared: list[str | None]) -> str | None:
         return "utf-8"
     for label in declared:
         encoding = resolve_encoding(label) if label else None
+        # "utf-16" with no BOM is little-endian, as browsers read it (WHATWG)
+        encoding = _NO_BOM.get(encoding or "", encoding)
         if encoding and _decodes(body, encoding):
             return encoding
     return "cp1252" if _decodes(body, "cp1252") else None
@@ -233,3 +240,25 @@ class CharsetMiddleware:
         logger.debug("Reading %s as %s (declared %s)", response, encoding,
                      " / ".join(d or "-" for d in declared))
         return response.replace(encoding=encoding)
+
+
+class LinkEncodingMiddleware:
+    """Requests a UTF-16 or UTF-32 page yields are made UTF-8 ones (spider middleware).
+
+    ``response.follow`` gives a request its page's encoding, and Scrapy encodes header
+    names with it: the ``Referer`` that ``RefererMiddleware`` adds next went out as UTF-16
+    bytes, which the HTTP client refuses (``InvalidHeaderName``), so every link of such
+    a page was retried into the dead-letter queue. Browsers send UTF-8 for these pages'
+    URLs too. Runs before ``RefererMiddleware`` (700) on a callback's output.
+    """
+
+    async def process_spider_output(self, response: Response, result: AsyncIterator[Any]
+                                    ) -> AsyncIterator[Any]:
+        async for item in result:
+            yield _utf8(item)
+
+
+def _utf8(item: Any) -> Any:
+    if isinstance(item, Request) and item.encoding.lower().replace("_", "-").startswith(_WIDE):
+        return item.replace(encoding="utf-8")
+    return item

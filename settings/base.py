@@ -136,7 +136,9 @@ RETRY_ENABLED = True
 # custom_settings, -s, scrapyd's setting=) adds to them. Replacing them dropped the SSRF
 # guard, robots.txt, the frontier's retries and politeness without a word.
 # Items of spiders not based on WebfarmSpider (CrawlSpider, SitemapSpider) keep their page's URL.
+# A UTF-16 page's links get UTF-8 requests, before RefererMiddleware (700) sets a header.
 SPIDER_MIDDLEWARES_BASE = {**_scrapy.SPIDER_MIDDLEWARES_BASE,
+                           "middlewares.limits.LinkEncodingMiddleware": 710,
                            "middlewares.traps.PathTrapMiddleware": 810,
                            "middlewares.sources.ItemSourceMiddleware": 950}
 DOWNLOADER_MIDDLEWARES_BASE = {

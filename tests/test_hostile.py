@@ -199,3 +199,31 @@ def test_a_bad_header_limit_stops_the_crawl_at_start(value):
     with pytest.raises(ValueError, match=rf"WEBFARM_MAX_HEADER_BYTES='{value}' is not a whole "
                        r"number of bytes; 0 means unbounded \(default 262144\)"):
         HttpCompressionMiddleware.from_crawler(crawler)
+
+
+def test_utf16_pages_are_read_little_endian_and_their_links_followed(web, stores):
+    """A UTF-16 page's links were lost: their requests took the page's encoding, so the
+    Referer header's name went out as UTF-16 bytes (``InvalidHeaderName``), retried to the
+    dead-letter queue. And "charset=utf-16" without a BOM was read big-endian (garbage, no
+    links), where browsers read it little-endian."""
+    base = web.base_urls[0]
+
+    def page(name: str, charset: str, bom: bool) -> Response:
+        text = f"<html><body><h1>{name}</h1><a href='/u16/{name}-next'>next</a></body></html>"
+        body = ("\ufeff" if bom else "") + text
+        return Response(200, {"Content-Type": f"text/html; charset={charset}"},
+                        body.encode("utf-16-le"))
+
+    web.route("/u16/bom", page("bom", "utf-8", bom=True), host=base)  # the BOM wins
+    web.route("/u16/nobom", page("nobom", "utf-16", bom=False), host=base)
+    for name in ("bom", "nobom"):
+        web.route(f"/u16/{name}-next", Response.html(f"<title>{name} next</title>"), host=base)
+    args = ["crawl", "generic", "-a", f"start={base}/u16/bom,{base}/u16/nobom",
+            "-s", "WEBFARM_RETRY_TIMES=1"]
+    result = runner.scrapy(args, runner.env_for(**stores), timeout=120)
+    assert result.returncode == 0 and "Traceback" not in result.output, result.output[-3000:]
+    assert crawlcheck.dead_letters(stores["REDIS_URL"]) == {}
+    pages = crawlcheck.pages(stores)
+    assert set(pages) == {f"{base}/u16/{p}" for p in ("bom", "nobom", "bom-next",
+                                                       "nobom-next")}, sorted(pages)
+    assert pages[f"{base}/u16/nobom"]["encoding"] == "utf-16-le"
