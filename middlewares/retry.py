@@ -51,7 +51,7 @@ from webfarm.urls import host_of
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_STATUSES = frozenset({429, 503})
-_SECONDS = re.compile(r"\d{1,12}(?:\.\d{1,6})?")
+_SECONDS = re.compile(r"\d+(?:\.\d{1,6})?")  # any length: a huge wait is capped, not ignored
 
 
 def parse_retry_after(value: bytes | str | None, now: float | None = None) -> float | None:

@@ -28,7 +28,8 @@ NOW = 1_800_000_000.0
     (formatdate(NOW - 90, usegmt=True), 0.0),  # a date in the past: go ahead
     ("Sun, 06 Nov 1994 08:49:37 GMT", 0.0),
     (None, None), ("", None), ("-5", None), ("soon", None), ("1e9", None), ("12abc", None),
-    ("Mon, 99 Foo 2026 99:99:99 GMT", None), (b"\xff\xfe", None), ("9" * 40, None),
+    ("Mon, 99 Foo 2026 99:99:99 GMT", None), (b"\xff\xfe", None), ("9" * 40, 1e40),
+    ("9" * 400, float("inf")),  # the caller caps it at WEBFARM_RETRY_AFTER_MAX
 ])
 def test_parse_retry_after(value, seconds):
     assert parse_retry_after(value, now=NOW) == seconds
@@ -58,7 +59,9 @@ def test_retry_after_defers_the_host(web, stores, tmp_path):  # noqa: F811 - fix
     capped, dated = web.base_urls
     urls_capped = mini_site(web, capped, pages=3, private=0)
     urls_dated = mini_site(web, dated, pages=3, private=0)
-    h503, refused_capped = first_hit_refused(503, "3600")
+    # Any number of digits is delay-seconds (RFC 9110): 30 nines was "unusable", so the
+    # host that asked for the longest wait was asked again after the usual backoff.
+    h503, refused_capped = first_hit_refused(503, "9" * 30)
     h429, refused_dated = first_hit_refused(429, lambda: formatdate(time.time() + 3,
                                                                     usegmt=True))
     for base, handler in ((capped, h503), (dated, h429)):
