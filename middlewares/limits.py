@@ -28,6 +28,7 @@ from scrapy.crawler import Crawler
 from scrapy.downloadermiddlewares import httpcompression, redirect
 from scrapy.exceptions import DownloadCancelledError, IgnoreRequest, NotConfigured
 from scrapy.http import Response, TextResponse
+from scrapy.utils.httpobj import urlparse_cached
 from w3lib.encoding import (
     html_body_declared_encoding,
     http_content_type_encoding,
@@ -38,7 +39,8 @@ from w3lib.encoding import (
 from webfarm.config import mask_credentials
 from webfarm.download import header_limit, headers_too_large
 from webfarm.exceptions import DeadLetter, RetryLater, Unreadable, error_text
-from webfarm.urls import canonical_url, unfetchable
+from webfarm.hostmemory import RecentHosts, host_memory_size
+from webfarm.urls import canonical_url, unfetchable, within_domains
 
 logger = logging.getLogger(__name__)
 PREFIX = "webfarm/limits"
@@ -121,6 +123,7 @@ class _DeadLetterRedirects:
 
     crawler: Any
     max_redirect_times: int
+    _offsite_said: RecentHosts[None] | None = None  # hosts a redirect left for, logged
 
     def process_response(self, request: Request, response: Response,
                          spider: Spider | None = None) -> Request | Response:
@@ -147,6 +150,7 @@ class _DeadLetterRedirects:
         if canonical_url(redirected.url) in seen:
             _inc(self.crawler, "redirect_loop")
             raise DeadLetter(f"redirect loop: {_chain(chain + [redirected.url])}")
+        self._check_offsite(redirected, request, chain)
         try:
             return super()._redirect(redirected, request, reason)  # type: ignore[misc]
         except (DeadLetter, RetryLater):
@@ -159,17 +163,71 @@ class _DeadLetterRedirects:
             ) from None
 
 
+    def _check_offsite(self, redirected: Request, request: Request, chain: list[str]) -> None:
+        """A redirect out of the spider's hosts is dropped by the offsite filter, as in
+        Scrapy, with a DEBUG line: a site that moved (``www.`` to the apex, ``.com`` to
+        ``.org``) gave an empty crawl and no hint why. Said once per host; a start URL's
+        (or a seed's) is dead-lettered, to be requeued once the host is added."""
+        spider = self.crawler.spider
+        within = within_domains(getattr(spider, "allowed_domains", None) or ())
+        if (within is None or within(redirected.url) or redirected.dont_filter
+                or redirected.meta.get("allow_offsite")):
+            return
+        _inc(self.crawler, "redirect_offsite")
+        host = urlparse_cached(redirected).hostname or ""
+        hosts = ", ".join(spider.allowed_domains)
+        fix = (f"to follow it, add {host} to the spider's hosts (-a domains=… or "
+               f"allowed_domains; now {hosts})")
+        if request.meta.get("depth", 0) == 0:
+            raise DeadLetter(f"redirect offsite: {_chain(chain + [redirected.url])}; {fix}, "
+                             f"then `scrapy dlq {spider.name} --requeue --reason 'redirect "
+                             "offsite'`")
+        said = self._offsite_said
+        if said is None:
+            said = self._offsite_said = RecentHosts[None](
+                host_memory_size(self.crawler.settings))
+        if host not in said:
+            said.add(host)
+            logger.warning("%s redirects to %s, outside the spider's hosts: not followed; "
+                           "%s (said once per host)", request.url, redirected.url[:200], fix)
+
+
 def _chain(urls: list[str], keep: int = 4) -> str:
     shown = urls if len(urls) <= keep * 2 else [*urls[:keep], "…", *urls[-keep:]]
     return " → ".join(u[:200] for u in shown)
 
 
 class RedirectMiddleware(_DeadLetterRedirects, redirect.RedirectMiddleware):
-    """Scrapy's 3xx handling; loops and over-long chains are dead-lettered."""
+    """Scrapy's 3xx handling; loops and over-long chains are dead-lettered, and so is a
+    redirect with no ``Location`` or to a URL that is not http(s): Scrapy hands those on
+    as the 3xx response, which ``HttpErrorMiddleware`` then drops ("HTTP status code is
+    not handled"), so the page ended with neither a record nor the reason."""
+
+    def process_response(self, request: Request, response: Response,
+                         spider: Spider | None = None) -> Request | Response:
+        result = super().process_response(request, response)
+        if result is not response or response.status not in _REDIRECT_STATUSES or (
+                request.meta.get("dont_redirect")
+                or request.meta.get("handle_httpstatus_all")
+                or response.status in request.meta.get("handle_httpstatus_list", ())
+                or response.status in getattr(self.crawler.spider, "handle_httpstatus_list",
+                                              ())):
+            return result
+        location = response.headers.get(b"Location")
+        if location is None:
+            _inc(self.crawler, "redirect_unfetchable")
+            raise DeadLetter(f"redirect without a Location header: HTTP {response.status} "
+                             f"from {request.url[:200]}")
+        scheme = location.decode("latin-1").split(":", 1)[0].strip().lower()
+        raise self._unfetchable(request, location.decode("latin-1")[:200],
+                                f"its scheme {scheme[:20]!r} is not http or https")
 
 
 class MetaRefreshMiddleware(_DeadLetterRedirects, redirect.MetaRefreshMiddleware):
     """Scrapy's ``<meta http-equiv=refresh>`` handling; same as :class:`RedirectMiddleware`."""
+
+
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
 
 def _decodes(body: bytes, encoding: str) -> bool:

@@ -8,6 +8,7 @@ them mixed with good pages too), then each outcome is checked on its own.
 from __future__ import annotations
 
 import pytest
+from scrapy import Request
 from scrapy.utils.test import get_crawler
 
 from middlewares.limits import HttpCompressionMiddleware
@@ -55,6 +56,12 @@ OTHER_ROUTES: dict[str, object] = {
     "/to/bad-port": Response(302, {"Location": "http://127.0.0.2:99999/x"}),
     "/to/bad-ipv6": Response(302, {"Location": "http://[::1/x"}),
     "/to/credentials": Response(302, {"Location": "http://user:secret@127.0.0.2/x"}),
+    # Redirects Scrapy hands on as the 3xx, which was then dropped without a record.
+    "/to/file": Response(302, {"Location": "file:///etc/passwd"}),
+    "/to/data": Response(302, {"Location": "data:text/html,<h1>hi</h1>"}),
+    "/to/nowhere": Response(302, {}),
+    # Out of the spider's hosts (a site that moved): dropped by the offsite filter.
+    "/to/offsite": Response(302, {"Location": "http://127.0.0.9:9/moved"}),
     # Bodies their Content-Encoding does not decode; a status line that is not HTTP.
     "/enc/gzip": Response(200, {"Content-Type": "text/html", "Content-Encoding": "gzip"},
                           b"not gzip at all"),
@@ -130,7 +137,8 @@ def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
     starts = ["/loop/a", "/loop/self", "/endless/0", "/drip", "/truncated", "/charset/utf8",
               "/charset/missing", "/charset/wrong", "/charset/unknown", "/charset/mislabelled",
               "/broken", "/odd-headers", "/to/bad-port", "/to/bad-ipv6", "/to/credentials",
-              "/enc/gzip", "/enc/br", "/bad-status"]
+              "/to/file", "/to/data", "/to/nowhere", "/to/offsite", "/enc/gzip", "/enc/br",
+              "/bad-status"]
     base, result, dead, pages, growth = crawl(web, OTHER_ROUTES, starts, stores)
     reasons = {url[len(base):]: d["reason"] for url, d in dead.items()}
 
@@ -159,6 +167,21 @@ def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
             reasons[path])
         assert len(web.hits_for(host=base, path=path)) == 1
     assert "secret" not in reasons["/to/credentials"] and "secret" not in result.output
+    # One with no Location, or to a URL that is not http(s): dead-lettered, saying so (it
+    # was an INFO line, "HTTP status code is not handled or not allowed", and no record).
+    for path, scheme in (("/to/file", "file"), ("/to/data", "data")):
+        assert reasons[path].startswith("redirect to a URL that cannot be fetched (its "
+                                        f"scheme '{scheme}' is not http or https)"), reasons
+    assert reasons["/to/nowhere"] == (f"redirect without a Location header: HTTP 302 from "
+                                      f"{base}/to/nowhere"), reasons
+    # A start URL that redirects out of the spider's hosts: a dead letter that says how to
+    # follow it, and nothing fetched there.
+    assert reasons["/to/offsite"].startswith(
+        f"redirect offsite: {base}/to/offsite → http://127.0.0.9:9/moved; to follow it, add "
+        "127.0.0.9 to the spider's hosts (-a domains=… or allowed_domains; now 127.0.0."), (
+        reasons["/to/offsite"])
+    assert reasons["/to/offsite"].endswith(
+        "then `scrapy dlq generic --requeue --reason 'redirect offsite'`")
     # A body that does not decode is the same at every try: dead-lettered at once (it was
     # retried, with a traceback in the log); a broken status line may be a network fault:
     # retried, and the reason names Twisted's error, not the repr of a list of Failures.
@@ -169,7 +192,7 @@ def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
     assert reasons["/bad-status"] == (
         f"gave up after {RETRIES} attempts: network error: DownloadFailedError: ParseError: "
         "('non-integer status code', b'HTTP/1.1 abc Weird')"), reasons
-    assert len(dead) == 11, sorted(reasons)
+    assert len(dead) == 15, sorted(reasons)
 
     # Wrong, missing and unknown charsets: stored, and decoded to the same text as the
     # correctly labelled page (same content hash: the index sees one content).
@@ -227,3 +250,28 @@ def test_utf16_pages_are_read_little_endian_and_their_links_followed(web, stores
     assert set(pages) == {f"{base}/u16/{p}" for p in ("bom", "nobom", "bom-next",
                                                        "nobom-next")}, sorted(pages)
     assert pages[f"{base}/u16/nobom"]["encoding"] == "utf-16-le"
+
+
+def test_a_link_that_redirects_out_of_the_spider_s_hosts_is_said_once_per_host(caplog):
+    """Scrapy's offsite filter drops it with a DEBUG line; a site whose pages moved to
+    another host gave a crawl of nothing and no hint why."""
+    from scrapy import Spider
+    from scrapy.http import Response as ScrapyResponse
+
+    from middlewares.limits import RedirectMiddleware
+
+    crawler = get_crawler(Spider)
+    crawler.spider = Spider("shop", allowed_domains=["shop.test"])
+    mw = RedirectMiddleware.from_crawler(crawler)
+    caplog.set_level("WARNING")
+    for path in ("/a", "/b"):
+        request = Request(f"http://shop.test{path}", meta={"depth": 2})
+        moved = ScrapyResponse(request.url, status=301,
+                               headers={"Location": f"https://shop.example{path}"})
+        assert mw.process_response(request, moved).url == f"https://shop.example{path}"
+    said = [r.getMessage() for r in caplog.records if "outside the spider's hosts" in r.message]
+    assert said == ["http://shop.test/a redirects to https://shop.example/a, outside the "
+                    "spider's hosts: not followed; to follow it, add shop.example to the "
+                    "spider's hosts (-a domains=… or allowed_domains; now shop.test) (said "
+                    "once per host)"]
+    assert crawler.stats.get_value("webfarm/limits/redirect_offsite") == 2
