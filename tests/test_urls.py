@@ -35,9 +35,13 @@ from webfarm.urls import (
         ),
         # session ids in the query, aspsessionid* as a prefix
         (
-            "http://example.com/?PHPSESSID=ab&sid=1&SessionId=2&ASPSESSIONIDQSCTRBDA=3&q=x",
+            "http://example.com/?PHPSESSID=ab&sid=4f3a9c0e7b2d41a8b6e5&SessionId=2"
+            "&ASPSESSIONIDQSCTRBDA=3&q=x",
             "http://example.com/?q=x",
         ),
+        # "sid" only as a token: on some sites it is an article's id (PHP-Nuke)
+        ("http://example.com/modules.php?name=News&file=article&sid=2",
+         "http://example.com/modules.php?file=article&name=News&sid=2"),
         # `ref` selects content on many sites: kept
         ("http://example.com/?ref=main", "http://example.com/?ref=main"),
         # query sorted by key then value
@@ -66,9 +70,22 @@ def test_canonical_url(url: str, expected: str) -> None:
 
 def test_exact_patterns_do_not_match_longer_names() -> None:
     # "sid" is a default, "side" and "consid" are content
-    assert canonical_url("http://e.com/?side=left&consid=1&sid=9") == (
+    assert canonical_url("http://e.com/?side=left&consid=1&sid=0123456789abcdef") == (
         "http://e.com/?consid=1&side=left"
     )
+
+
+def test_a_token_pattern_drops_the_parameter_only_for_a_session_token() -> None:
+    """``name=token``: a session id is dropped, an id of content is kept (``sid`` was
+    dropped whatever its value, so every article of a PHP-Nuke site was one URL)."""
+    assert canonical_url("http://e.com/article.php?sid=2") != canonical_url(
+        "http://e.com/article.php?sid=3")
+    for token in ("4f3a9c0e7b2d41a8b6e5c1d2e3f4a5b6", "ab-CD_ef01234567"):
+        assert canonical_url(f"http://e.com/a;sid={token}?sid={token}&p=1") == (
+            "http://e.com/a?p=1")
+    params = ["cart=token", "utm_"]
+    assert canonical_url("http://e.com/?cart=A1B2C3D4E5F6G7H8&utm_x=1", params) == "http://e.com/"
+    assert canonical_url("http://e.com/?cart=42", params) == "http://e.com/?cart=42"
 
 
 def test_custom_strip_params_prefix_and_exact() -> None:
@@ -83,7 +100,8 @@ def test_custom_strip_params_prefix_and_exact() -> None:
 
 def test_defaults_document_the_brief() -> None:
     lowered = {p.lower() for p in DEFAULT_TRACKING_PARAMS}
-    assert {"utm_", "gclid", "fbclid", "jsessionid", "phpsessid", "sid", "aspsessionid*"} <= (
+    assert {"utm_", "gclid", "fbclid", "jsessionid", "phpsessid", "sid=token",
+            "aspsessionid*"} <= (
         lowered
     )
     assert "ref" not in lowered

@@ -18,7 +18,12 @@ Parameter patterns (:data:`DEFAULT_TRACKING_PARAMS`, or the
 ``WEBFARM_STRIP_PARAMS`` setting) match parameter names case-insensitively. A
 pattern ending in ``*`` or ``_`` is a prefix: ``utm_`` matches ``utm_source``,
 ``aspsessionid*`` matches ``ASPSESSIONIDQSCTRBDA``; any other pattern must
-match the whole name. ``ref`` is deliberately not a default: on many sites it
+match the whole name. A pattern ending in ``=token`` drops the parameter only
+when its value looks like a session token (16 or more letters, digits, ``-``
+or ``_``), as Heritrix does for ``sid``: ``sid=token`` is a default, since on
+some sites ``sid`` is a session and on others an article's id (PHP-Nuke's
+``article.php?sid=2``, whose articles were all one URL while ``sid`` was dropped
+whatever its value). ``ref`` is deliberately not a default: on many sites it
 selects content (a referral programme, a git ref).
 """
 
@@ -73,7 +78,7 @@ DEFAULT_TRACKING_PARAMS: tuple[str, ...] = (
     # session ids (query or ;path parameters)
     "jsessionid",
     "phpsessid",
-    "sid",
+    "sid=token",  # only a token: on some sites it is an article's id
     "sessionid",
     "aspsessionid*",
 )
@@ -81,14 +86,32 @@ DEFAULT_TRACKING_PARAMS: tuple[str, ...] = (
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "ftp": 21}
 
 
-@lru_cache(maxsize=64)
-def _matcher(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
-    """Compile name patterns into one case-insensitive full-match regex."""
+_TOKEN_SUFFIX = "=token"
+_TOKEN = re.compile(r"[0-9A-Za-z_-]{16,}")  # what a session id looks like
+
+
+class _Matcher:
+    """Name patterns compiled: those always dropped, and those dropped for a token only."""
+
+    def __init__(self, always: re.Pattern[str] | None, tokens: re.Pattern[str] | None
+                 ) -> None:
+        self.always = always
+        self.tokens = tokens
+
+    def drops(self, param: str) -> bool:
+        """Whether the encoded ``name=value`` is dropped."""
+        encoded_name, _, value = param.partition("=")
+        name = unquote(encoded_name.replace("+", " "))
+        if self.always is not None and self.always.fullmatch(name) is not None:
+            return True
+        return (self.tokens is not None and self.tokens.fullmatch(name) is not None
+                and _TOKEN.fullmatch(unquote(value)) is not None)
+
+
+def _alternatives(patterns: list[str]) -> re.Pattern[str] | None:
+    """One case-insensitive full-match regex of name patterns (``*``, ``_``: prefixes)."""
     alternatives = []
-    for raw in patterns:
-        pattern = raw.strip()
-        if not pattern:
-            continue
+    for pattern in patterns:
         if pattern.endswith("*"):
             alternatives.append(re.escape(pattern[:-1]) + ".*")
         elif pattern.endswith("_"):
@@ -100,11 +123,18 @@ def _matcher(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
     return re.compile("(?:" + "|".join(alternatives) + ")", re.IGNORECASE | re.DOTALL)
 
 
-def _name_matches(matcher: re.Pattern[str], encoded_name: str) -> bool:
-    return matcher.fullmatch(unquote(encoded_name.replace("+", " "))) is not None
+@lru_cache(maxsize=64)
+def _matcher(patterns: tuple[str, ...]) -> _Matcher | None:
+    """Compile the parameter patterns; None when there are none."""
+    names = [p.strip() for p in patterns if p.strip()]
+    tokens = [p[: -len(_TOKEN_SUFFIX)] for p in names if p.lower().endswith(_TOKEN_SUFFIX)]
+    always = [p for p in names if not p.lower().endswith(_TOKEN_SUFFIX)]
+    if not names:
+        return None
+    return _Matcher(_alternatives(always), _alternatives(tokens))
 
 
-def _strip_path_params(path: str, matcher: re.Pattern[str]) -> str:
+def _strip_path_params(path: str, matcher: _Matcher) -> str:
     """Drop ``;name=value`` path parameters whose name matches, in every segment."""
     if ";" not in path:
         return path
@@ -112,15 +142,14 @@ def _strip_path_params(path: str, matcher: re.Pattern[str]) -> str:
     for segment in path.split("/"):
         if ";" in segment:
             head, *params = segment.split(";")
-            kept = [p for p in params if not _name_matches(matcher, p.partition("=")[0])]
+            kept = [p for p in params if not matcher.drops(p)]
             segment = ";".join([head, *kept])
         segments.append(segment)
     return "/".join(segments)
 
 
-def _strip_query(query: str, matcher: re.Pattern[str]) -> str:
-    kept = [p for p in query.split("&") if not _name_matches(matcher, p.partition("=")[0])]
-    return "&".join(kept)
+def _strip_query(query: str, matcher: _Matcher) -> str:
+    return "&".join(p for p in query.split("&") if not matcher.drops(p))
 
 
 def _drop_default_port(scheme: str, netloc: str) -> str:
