@@ -28,6 +28,7 @@ from scrapy.crawler import Crawler
 from scrapy.downloadermiddlewares import httpcompression, redirect
 from scrapy.exceptions import DownloadCancelledError, IgnoreRequest, NotConfigured
 from scrapy.http import Response, TextResponse
+from scrapy.spidermiddlewares import urllength
 from scrapy.utils.httpobj import urlparse_cached
 from w3lib.encoding import (
     html_body_declared_encoding,
@@ -320,3 +321,34 @@ def _utf8(item: Any) -> Any:
     if isinstance(item, Request) and item.encoding.lower().replace("_", "-").startswith(_WIDE):
         return item.replace(encoding="utf-8")
     return item
+
+
+class UrlLengthMiddleware(urllength.UrlLengthMiddleware):
+    """Scrapy's ``URLLENGTH_LIMIT`` check, said with the URL cut short and once per host.
+
+    Scrapy logs every link it drops, whole, at INFO: a page of 10,000 links 20,000
+    characters long (a crawler trap, or a hostile site) wrote 200 MB of log. Counted in
+    Scrapy's ``urllength/request_ignored_count`` as before.
+    """
+
+    _said: RecentHosts[None]  # hosts whose dropped link was said at INFO
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> UrlLengthMiddleware:
+        o = super().from_crawler(crawler)
+        o._said = RecentHosts(host_memory_size(crawler.settings))
+        return o
+
+    def get_processed_request(self, request: Request, response: Response | None
+                              ) -> Request | None:
+        if len(request.url) <= self.maxlength:
+            return request
+        self.crawler.stats.inc_value("urllength/request_ignored_count")
+        host = urlparse_cached(request).hostname or ""
+        level = logging.DEBUG if host in self._said else logging.INFO
+        self._said.add(host)
+        logger.log(level, "Ignoring a link longer than URLLENGTH_LIMIT=%d (%d characters): "
+                   "%s… (said once per host at INFO; counted in "
+                   "urllength/request_ignored_count)", self.maxlength, len(request.url),
+                   request.url[:200])
+        return None

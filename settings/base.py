@@ -139,6 +139,9 @@ RETRY_ENABLED = True
 # A UTF-16 page's links get UTF-8 requests, before RefererMiddleware (700) sets a header.
 SPIDER_MIDDLEWARES_BASE = {**_scrapy.SPIDER_MIDDLEWARES_BASE,
                            "middlewares.limits.LinkEncodingMiddleware": 710,
+                           # Scrapy's, the dropped URL's log line cut short, once per host
+                           "scrapy.spidermiddlewares.urllength.UrlLengthMiddleware": None,
+                           "middlewares.limits.UrlLengthMiddleware": 800,
                            "middlewares.traps.PathTrapMiddleware": 810,
                            "middlewares.sources.ItemSourceMiddleware": 950}
 DOWNLOADER_MIDDLEWARES_BASE = {

@@ -275,3 +275,24 @@ def test_a_link_that_redirects_out_of_the_spider_s_hosts_is_said_once_per_host(c
                     "spider's hosts (-a domains=… or allowed_domains; now shop.test) (said "
                     "once per host)"]
     assert crawler.stats.get_value("webfarm/limits/redirect_offsite") == 2
+
+
+def test_links_past_the_url_length_limit_are_said_short_and_once_per_host(caplog):
+    """Scrapy logged each dropped link whole at INFO: 10,000 links of 20,000 characters
+    on one page wrote 200 MB of log."""
+    from scrapy import Spider
+
+    from middlewares.limits import UrlLengthMiddleware
+
+    crawler = get_crawler(Spider, {"URLLENGTH_LIMIT": 100})
+    crawler.spider = Spider("shop")
+    mw = UrlLengthMiddleware.from_crawler(crawler)
+    caplog.set_level("INFO", logger="middlewares.limits")
+    long = "http://shop.test/?q=" + "a" * 20_000
+    assert mw.get_processed_request(Request("http://shop.test/ok"), None) is not None
+    for _ in range(3):
+        assert mw.get_processed_request(Request(long), None) is None
+    infos = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+    assert len(infos) == 1 and len(infos[0]) < 400, infos
+    assert "(20020 characters)" in infos[0]
+    assert crawler.stats.get_value("urllength/request_ignored_count") == 3
