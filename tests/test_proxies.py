@@ -82,6 +82,23 @@ def test_bad_entries_name_the_entry_not_the_secret(value, expected):
     assert SECRET not in message
 
 
+@pytest.mark.parametrize("password", ["s3cr,et9x", "s3cr et9x", "s3cr#et9x@x"])
+def test_a_password_with_a_separator_or_hash_is_refused_without_a_piece_of_it(password):
+    """',' and ' ' split the list inside the password and the first half was named in the
+    message ("entry 1 (alice:s3cr)"); '#' began the proxy's name, so the rest of the
+    password became its id (in logs, stats, Redis keys) and the worker connected to the
+    user name as a host."""
+    with pytest.raises(ProxyConfigError) as info:
+        parse_proxies(f"http://alice:{password}@127.0.0.1:3129")
+    message = str(info.value)
+    assert "write ',' as %2C, a space as %20, '#' as %23" in message, message
+    for piece in ("s3cr", "et9x"):
+        assert piece not in message, message
+    encoded = password.replace(",", "%2C").replace(" ", "%20").replace("#", "%23")
+    [proxy] = parse_proxies(f"http://alice:{encoded.replace('@', '%40')}@127.0.0.1:3129")
+    assert proxy.password == password and proxy.id == "127.0.0.1:3129"
+
+
 # --- shared health: pools and middlewares on one real Redis ----------------------------------
 
 

@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlsplit
 from webfarm.config import ConfigError
 
 SCHEMES = ("http", "https")
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,99}$")
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/+-]{0,99}$")
 
 
 class ProxyConfigError(ConfigError):
@@ -107,22 +107,36 @@ def _entries(value: str | Sequence[str] | None, source: str) -> tuple[list[str],
     return [e for e in re.split(r"[,\s]+", text) if e], source
 
 
-def _describe(raw: str) -> str:
-    """What an unparseable entry can be called by: ``host:port`` at most, never userinfo."""
+def _describe(raw: str, secrets: bool = False) -> str:
+    """What an unparseable entry can be called by: ``host:port`` at most, never userinfo.
+    With ``secrets`` (the setting holds a password somewhere), an entry without ``@`` may
+    be a piece of one (a ``,`` or a space in it split the entry): it is not shown."""
+    if secrets and "@" not in raw:
+        return "?"
     rest = raw.split("://", 1)[-1].rsplit("@", 1)[-1]
     rest = rest.split("/", 1)[0].split("#", 1)[0]
     return rest if rest and re.fullmatch(r"[A-Za-z0-9.\-\[\]:]+", rest) else "?"
 
 
-def _parse_one(raw: str, index: int, source: str) -> tuple[Proxy, str | None]:
+_ENCODE_HINT = ("; in a user name or password write ',' as %2C, a space as %20, '#' as %23 "
+                "and '@' as %40")
+
+
+def _parse_one(raw: str, index: int, source: str, secrets: bool = False
+               ) -> tuple[Proxy, str | None]:
     text = raw if "://" in raw else f"http://{raw}"
-    where = f"{source}: entry {index} ({_describe(raw)})"
+    where = f"{source}: entry {index} ({_describe(raw, secrets)})"
+    hint = _ENCODE_HINT if secrets else ""
     try:
         parts = urlsplit(text)
         port = parts.port
         host = parts.hostname
     except ValueError:
-        raise ProxyConfigError(f"{where}: not a URL like http://user:pass@host:port") from None
+        raise ProxyConfigError(f"{where}: not a URL like http://user:pass@host:port{hint}"
+                               ) from None
+    if "@" in parts.fragment:  # "http://u:pa#ss@host": the password's '#' began a name
+        raise ProxyConfigError(f"{where}: a '#' in a user name or password began the "
+                               f"proxy's name{_ENCODE_HINT}")
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES:
         hint = " (SOCKS is not supported by Scrapy's HTTP client)" if "socks" in scheme else ""
@@ -144,7 +158,7 @@ def _parse_one(raw: str, index: int, source: str) -> tuple[Proxy, str | None]:
     name = parts.fragment or None
     if name is not None and not _ID_RE.match(name):
         raise ProxyConfigError(
-            f"{where}: the name after '#' may hold only letters, digits and ._:/@+- "
+            f"{where}: the name after '#' may hold only letters, digits and ._:/+- "
             "(at most 100)"
         )
     proxy = Proxy("", scheme, host.lower(), port, username, password, raw_userinfo)
@@ -160,7 +174,8 @@ def parse_proxies(value: str | Sequence[str] | None, source: str = "WEBFARM_PROX
     would share health but count twice in rotation.
     """
     entries, where = _entries(value, source)
-    parsed = [_parse_one(raw, i, where) for i, raw in enumerate(entries, 1)]
+    secrets = any("@" in raw for raw in entries)
+    parsed = [_parse_one(raw, i, where, secrets) for i, raw in enumerate(entries, 1)]
     by_addr: dict[tuple[str, int], int] = {}
     for proxy, _ in parsed:
         key = (proxy.host, proxy.port)
