@@ -50,9 +50,10 @@ from scrapy.http import Response
 from twisted.internet import error as txerror
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 
+from middlewares.robots import META as ROBOTS_META
 from webfarm.exceptions import RetryLater
 from webfarm.hostmemory import host_memory_size
-from webfarm.proxies import ProxyPool
+from webfarm.proxies import UNPROVEN, ProxyPool
 from webfarm.proxyconfig import proxies_from_settings
 from webfarm.redisconn import close_client, crawl_redis_client
 from webfarm.urls import host_of
@@ -90,6 +91,9 @@ AMBIGUOUS_ERRORS: tuple[type[BaseException], ...] = (
 BROWSER_PROXY_ERRORS = ("ERR_PROXY", "ERR_TUNNEL_CONNECTION_FAILED", "ERR_SOCKS",
                         "ERR_NO_SUPPORTED_PROXIES", "ERR_MANDATORY_PROXY", "NS_ERROR_PROXY")
 MARKER_SCAN_BYTES = 256 * 1024
+# Answered by a proxy that cannot reach the site as often as by the site: the proxy's
+# when others fetch the host fine.
+GATEWAY_STATUSES = frozenset({502, 503, 504})
 
 try:  # Scrapy's tunnel error, raised when a CONNECT through the proxy fails
     from scrapy.core.downloader.handlers.http11 import TunnelError
@@ -247,6 +251,8 @@ class ProxyMiddleware:
         reason = self._ban_reason(response)
         host = host_of(request.url)
         sent_at = float(request.meta.get(META_SENT) or 0.0)
+        if reason is None and response.status in GATEWAY_STATUSES:
+            return await self._gateway_error(request, response, pid, host, sent_at)
         if reason is None:
             await self.pool.record_success(pid, host, sent_at)
             for key in (META_TRIED, META_RETRIES, META_BANNED):
@@ -267,7 +273,33 @@ class ProxyMiddleware:
         if blame:
             raise RetryLater(f"proxy: {reason} through {self._tried(request, pid)}",
                              status=response.status, response=response)
-        return response  # the site's consistent answer through several proxies
+        if await self.pool.host_ok_elsewhere(host, ""):
+            return response  # the site's consistent answer through several proxies
+        # No proxy has fetched this host fine: the proxies may be what refuses (one that
+        # answers 403 to everything). Handed on, the page was lost as the site's answer.
+        self.stats.inc_value(f"{PREFIX}/unproven_bans")
+        if request.meta.get(ROBOTS_META):  # RFC 9309: 4xx is "allow all"; kept briefly
+            return response.replace(flags=[*response.flags, UNPROVEN])
+        raise RetryLater(f"proxy: {reason} through {self._tried(request, pid)}, and no "
+                         f"proxy has fetched {host} fine yet: the proxies or the site refuse",
+                         status=response.status, response=response)
+
+    async def _gateway_error(self, request: Request, response: Response, pid: str,
+                             host: str, sent_at: float) -> Request | Response:
+        """A 502/503/504 through a proxy: the proxy's own when others fetch the host fine
+        (it was taken for the site's: retried at an attempt each, dead-lettered with a
+        healthy proxy at hand); else the site's, retried as such."""
+        if b"Retry-After" in response.headers or not await self._blame_proxy(request, pid,
+                                                                            host):
+            return response
+        reason = f"HTTP {response.status} from the proxy"
+        self.stats.inc_value(f"{PREFIX}/{pid}/failures")
+        await self._penalise(pid, reason, sent_at, counter="errors")
+        retry = self._retry(request, pid, reason, response.status)
+        if retry is not None:
+            return retry
+        raise RetryLater(f"proxy: {reason} through {self._tried(request, pid)}",
+                         status=response.status, response=response)
 
     async def process_exception(self, request: Request, exception: BaseException
                                 ) -> Request | None:
@@ -285,9 +317,11 @@ class ProxyMiddleware:
         else:
             return None  # not about the connection: not ours to judge
         self.stats.inc_value(f"{PREFIX}/{pid}/failures")
-        reason = f"connection failed ({name})"
+        timed_out = isinstance(exception, (DownloadTimeoutError, txerror.TimeoutError))
+        reason = f"{'no answer in time' if timed_out else 'connection failed'} ({name})"
         if blame:
-            await self._penalise(pid, reason, float(request.meta.get(META_SENT) or 0.0))
+            await self._penalise(pid, reason, float(request.meta.get(META_SENT) or 0.0),
+                                 counter="errors")
         retry = self._retry(request, pid, reason, None)
         if retry is not None:
             return retry
@@ -313,8 +347,9 @@ class ProxyMiddleware:
             return False
         return await self.pool.host_ok_elsewhere(host, pid)
 
-    async def _penalise(self, pid: str, reason: str, sent_at: float) -> None:
-        counted, state = await self.pool.record_failure(pid, reason, sent_at)
+    async def _penalise(self, pid: str, reason: str, sent_at: float, counter: str = "bans"
+                        ) -> None:
+        counted, state = await self.pool.record_failure(pid, reason, sent_at, counter)
         if not counted:
             return
         self.stats.inc_value(f"{PREFIX}/{pid}/cooldowns")

@@ -64,6 +64,7 @@ from middlewares.retry import parse_retry_after
 from webfarm import browser
 from webfarm import signals as wf_signals
 from webfarm.exceptions import DeadLetter, GiveBack, RetryLater, Unreadable
+from webfarm.proxies import UNPROVEN
 from webfarm.queue import LEASE, host_delay
 from webfarm.redisconn import close_client, crawl_redis_client
 from webfarm.robots import (
@@ -404,7 +405,11 @@ class RobotsMiddleware:
                     self._inc("webfarm/robots/truncated")
                 return Fetched("parse", response.status, response.body[:MAX_BYTES])
             if kind == "allow":
-                return Fetched("allow", response.status)
+                # Refused through every proxy tried, none known to reach the host: maybe
+                # a proxy's answer, so not the site's for a day (webfarm.proxies).
+                unproven = UNPROVEN in response.flags
+                return Fetched("allow", response.status, brief=unproven,
+                               error="refused through the proxies" if unproven else "")
             return Fetched("unreachable", response.status, error=f"HTTP {response.status}",
                            retry_after=parse_retry_after(response.headers.get(b"Retry-After")))
         return Fetched("allow", error=f"more than {MAX_REDIRECTS} redirects (RFC 9309 2.3.1.2)")

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import re
+import time
 
 import pymongo
 import pytest
@@ -269,17 +270,23 @@ def test_site_bans_do_not_burn_the_pool(redis_url):
     mw = ProxyMiddleware.from_crawler(crawler_for(
         redis_url, "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", WEBFARM_PROXY_RETRY_TIMES=5,
         WEBFARM_PROXY_BAN_MARKERS=["IP is banned"]))
-    # The site refuses the page through every proxy: nobody is blamed, the site's answer
-    # goes on down the chain once every proxy was tried.
+    # Refused through every proxy, none known to reach the host: nobody is blamed, and
+    # the page goes back to the frontier (the proxies or the site refuse; handed on as
+    # the site's answer, a page a bad proxy refused was lost).
     request = Request("http://127.0.0.2:8000/private")
     outcomes = []
     for _ in range(3):
         run(mw.process_request(request))
-        outcome = run(mw.process_response(request, fetched(request, 403, b"Forbidden")))
+        try:
+            outcome = run(mw.process_response(request, fetched(request, 403, b"Forbidden")))
+        except RetryLater as exc:
+            outcome = exc
         outcomes.append(outcome)
         request = outcome
-    assert [type(o).__name__ for o in outcomes] == ["Request", "Request", "HtmlResponse"]
-    assert outcomes[-1].status == 403
+    assert [type(o).__name__ for o in outcomes] == ["Request", "Request", "RetryLater"]
+    assert outcomes[-1].reason == (
+        "proxy: ban status 403 through 127.0.0.1:1, 127.0.0.1:2, 127.0.0.1:3, and no proxy "
+        "has fetched 127.0.0.2:8000 fine yet: the proxies or the site refuse")
     assert mw.pool.healthy_ids() == ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
     assert mw.stats.get_value("webfarm/proxies/site_bans") == 3
 
@@ -297,11 +304,68 @@ def test_site_bans_do_not_burn_the_pool(redis_url):
     assert bad not in mw.pool.healthy_ids() and good in mw.pool.healthy_ids()
     assert mw.stats.get_value(f"webfarm/proxies/{bad}/cooldowns") == 1
 
+    # Once a proxy reached the host, the page refused through every proxy is the site's
+    # answer, handed on down the chain.
+    private = Request("http://127.0.0.2:8000/private")
+    for _ in range(3):
+        run(mw.process_request(private))
+        outcome = run(mw.process_response(private, fetched(private, 403, b"Forbidden")))
+        if not isinstance(outcome, Request):
+            break
+        private = outcome
+    assert isinstance(outcome, HtmlResponse) and outcome.status == 403
+
     # A 429 with Retry-After that is not the proxy's fault is left to politeness.
     slow = Request("http://127.0.0.3:8000/")
     run(mw.process_request(slow))
     response = fetched(slow, 429, b"slow down", {"Retry-After": "30"})
     assert run(mw.process_response(slow, response)) is response
+
+
+def test_one_proxy_refusing_everything_loses_no_page_and_no_robots_txt_for_a_day(redis_url):
+    """A single proxy answering 403 to everything: its answers were the site's, so each page
+    was dropped (acknowledged, never dead-lettered), and robots.txt's 403 read as "allow
+    all" for a day, for every worker."""
+    mw = ProxyMiddleware.from_crawler(crawler_for(redis_url, "127.0.0.1:1#only"))
+    page = Request("http://127.0.0.4:8000/p")
+    run(mw.process_request(page))
+    with pytest.raises(RetryLater, match="no proxy has fetched 127.0.0.4:8000 fine yet"):
+        run(mw.process_response(page, fetched(page, 403, b"denied")))
+    robots = Request("http://127.0.0.4:8000/robots.txt", meta={"webfarm_robots": True})
+    run(mw.process_request(robots))
+    answer = run(mw.process_response(robots, fetched(robots, 403, b"denied")))
+    assert answer.status == 403 and "webfarm-proxy-unproven" in answer.flags
+    from webfarm.robots import Fetched, next_record
+    kept = next_record(Fetched("allow", 403, brief=True), None, 1000.0, 86400.0, 300.0)
+    assert kept.state == "allow" and kept.expires == 1300.0  # not a day
+    assert mw.stats.get_value("webfarm/proxies/unproven_bans") == 2
+    assert mw.pool.healthy_ids() == ["only"]  # no proxy blamed without a proof
+
+
+def test_a_proxy_s_own_502_is_its_fault_when_others_reach_the_host(redis_url):
+    """A proxy answering 502 itself was never blamed: each 502 cost the page an attempt,
+    and pages were dead-lettered with a healthy proxy at hand."""
+    mw = ProxyMiddleware.from_crawler(crawler_for(redis_url, "127.0.0.1:1#good,127.0.0.1:2#bad"))
+    # Nobody has reached the host yet: a 502 is the site's, retried as such.
+    first = Request("http://127.0.0.5:8000/a")
+    run(mw.process_request(first))
+    assert first.meta["webfarm_proxy"] == "good"
+    assert run(mw.process_response(first, fetched(first, 502, b"bad gateway"))).status == 502
+    ok = Request("http://127.0.0.5:8000/b")
+    run(mw.process_request(ok))
+    assert ok.meta["webfarm_proxy"] == "bad"
+    ok.meta["webfarm_proxy"] = "good"  # fetched through the good one
+    assert run(mw.process_response(ok, fetched(ok))).status == 200
+    page = Request("http://127.0.0.5:8000/c")
+    run(mw.process_request(page))
+    page.meta["webfarm_proxy"] = "bad"
+    retry = run(mw.process_response(page, fetched(page, 502, b"bad gateway")))
+    assert isinstance(retry, Request) and retry.meta["webfarm_proxy_tried"] == ["bad"]
+    assert mw.pool.healthy_ids() == ["good"]
+    assert mw.stats.get_value("webfarm/proxies/bad/failures") == 1
+    stored = redis.Redis.from_url(redis_url).hgetall("webfarm:proxies:bad")
+    assert stored[b"last_reason"] == b"HTTP 502 from the proxy"
+    assert stored[b"errors"] == b"1" and b"bans" not in stored  # a failure, not a ban
 
 
 def test_connection_failures_retry_then_retry_later(redis_url):
@@ -480,6 +544,30 @@ def test_crawl_moves_off_a_banning_proxy(web, proxies, redis_url, mongo_uri, mon
     assert_no_secret(result, mongo_uri, mongo_db_name, redis_url)
 
 
+def test_a_crawl_through_one_banning_proxy_dead_letters_its_pages(web, redis_url, mongo_uri,
+                                                                   mongo_db_name, tmp_path):
+    """Its 403s were the site's answers: the start page was acknowledged with nothing
+    stored and no dead letter (the worker said only "Ignoring response <403>"), and its
+    robots.txt 403 was kept as "allow all" for a day."""
+    from tests import crawlcheck
+
+    base = web.base_urls[1]
+    with ProxyServer("ban") as ban:
+        crawl_through(f"{ban.url}#exit", redis_url, mongo_uri, mongo_db_name, tmp_path, base,
+                      "-s", "WEBFARM_RETRY_TIMES=2", "-s", "WEBFARM_RETRY_BACKOFF_BASE=0.05",
+                      "-s", "WEBFARM_ROBOTS_RETRY_DELAY=120")
+    assert web.hits_for(host=base) == []  # the proxy refused everything
+    letters = crawlcheck.dead_letters(redis_url)
+    assert list(letters) == [f"{base}/"], letters
+    assert letters[f"{base}/"]["reason"] == (
+        f"gave up after 2 attempts: proxy: ban status 403 through exit, and no proxy has "
+        f"fetched {base.split('//')[1]} fine yet: the proxies or the site refuse")
+    [key] = redis.Redis.from_url(redis_url).keys(f"*robots*{base.split('//')[1]}")
+    record = redis.Redis.from_url(redis_url).hgetall(key)
+    assert record[b"state"] == b"allow"
+    assert float(record[b"expires"]) - time.time() <= 120  # not a day
+
+
 def test_crawl_survives_a_refusing_proxy_listed_in_a_file(web, redis_url, mongo_uri,
                                                            mongo_db_name, tmp_path):
     base = web.base_urls[1]
@@ -573,3 +661,25 @@ def test_a_spider_proxy_with_credentials_is_refused_with_where_to_put_them(
         assert "list the proxy in WEBFARM_PROXIES" in result.output
         assert SECRET not in result.output
         assert proxy.log == [] and web.hits_for(host=base) == []
+
+
+def test_a_dead_letter_names_the_proxy_its_last_try_went_through(redis_url):
+    """An operator reading "gave up after 5 attempts: HTTP 502" first asks which proxy."""
+    from scrapy.settings import Settings
+
+    from webfarm.frontier import Entry, Frontier
+    from webfarm.frontierlink import FrontierLink
+    from webfarm.leaseends import LeaseEnds
+    from webfarm.queue import LEASE
+
+    frontier = Frontier(redis.Redis.from_url(redis_url), "letters", default_delay=0)
+    frontier.push([Entry("127.0.0.2:8000", 0, b"x" * 20,
+                         json.dumps({"url": "http://127.0.0.2:8000/p"}))])
+    popped = frontier.pop("w")
+    ends = LeaseEnds(Settings(), {}, lambda key: None)
+    ends.open(FrontierLink(frontier, "w"), frontier)
+    request = Request("http://127.0.0.2:8000/p", meta={LEASE: popped.lease_id,
+                                                        "webfarm_proxy": "eu-1"})
+    ends._dead(popped.lease_id, request, "gave up after 5 attempts: HTTP 502", 502, None)
+    [letter] = frontier.dead_letters(10)
+    assert letter["reason"] == "gave up after 5 attempts: HTTP 502 (last through proxy eu-1)"

@@ -161,6 +161,9 @@ class LeaseEnds:
 
     def _dead(self, lease: str, request: Request, reason: str, status: int | None,
               error: str | None) -> None:
+        proxy = request.meta.get("webfarm_proxy")  # the rotation's id: never a secret
+        if proxy and "proxy" not in reason:  # an operator first asks which one
+            reason = f"{reason} (last through proxy {proxy})"
         logger.warning("Dead-lettered %s: %s", request, reason)
         self._inc("webfarm/frontier/dead")
         assert self.link is not None and self.frontier is not None

@@ -38,6 +38,9 @@ from webfarm.redisconn import REDIS_FAILURES, AnyRedis, answer
 logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "webfarm:proxies:"
+#: the flag of a response banned through every proxy tried, none known to reach its host:
+#: it may be the proxies' answer, not the site's (a robots.txt keeps it briefly)
+UNPROVEN = "webfarm-proxy-unproven"
 
 
 # --- shared health ------------------------------------------------------------------------

@@ -229,6 +229,9 @@ class Fetched:
     error: str = ""
     retry_after: float | None = None
     dead: DeadLetter | None = None  # with "refused": what to dead-letter the pages with
+    #: "allow" from an answer that may be a proxy's, not the site's: kept as long as an
+    #: unreachable file, not a day
+    brief: bool = False
 
 
 def next_record(fetched: Fetched, previous: Record | None, now: float, fresh_for: float,
@@ -239,8 +242,8 @@ def next_record(fetched: Fetched, previous: Record | None, now: float, fresh_for
         return Record("parsed", now + fresh_for, now, fetched.status, good="parsed",
                       body=fetched.body[:MAX_BYTES], good_at=now)
     if fetched.kind == "allow":
-        return Record("allow", now + fresh_for, now, fetched.status, error=fetched.error,
-                      good="allow", good_at=now)
+        return Record("allow", now + (retry_in if fetched.brief else fresh_for), now,
+                      fetched.status, error=fetched.error, good="allow", good_at=now)
     prev = previous or Record("unreachable", 0.0, 0.0)
     since = prev.since if prev.state == "unreachable" and prev.since else now
     return Record("unreachable", now + retry_in, now, fetched.status, error=fetched.error,
