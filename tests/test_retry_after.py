@@ -109,3 +109,15 @@ def test_a_worker_waiting_on_its_frontier_says_why_at_the_log_s_pace(caplog):
         "robots.txt, or a lease another worker holds (one that died gives it back after "
         "WEBFARM_LEASE_SECONDS); the next may be ready in 5m 11s. `scrapy frontier acme` "
         "shows what waits")
+    # With proxy rotation on and none healthy, that comes first: requests wait for one,
+    # and a retired proxy never comes back on its own (it was not said).
+    stats.set_value("webfarm/proxies/healthy", [])
+    stats.set_value("webfarm/proxies/retired", ["eu-1", "eu-2"])
+    stats.inc_value("webfarm/frontier/dequeued")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="webfarm.scheduler"):
+        for now in range(1000, 1100, 5):
+            notice.idle_with_work(stats, "acme", ready_in=None, now=float(now))
+    assert caplog.records[0].getMessage().endswith(
+        "`scrapy dlq acme`. No proxy is healthy: eu-1, eu-2 retired (WEBFARM_PROXIES); fix "
+        "or replace them, then delete their webfarm:proxies:<id> keys")

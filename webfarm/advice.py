@@ -141,9 +141,22 @@ class WaitingNotice:
             "waits for a retry (a refused connection, a 5xx), a host's delay, an "
             "unreadable robots.txt, or a lease another worker holds (one that died gives "
             "it back after WEBFARM_LEASE_SECONDS)%s. `scrapy frontier %s` shows what waits; "
-            "what fails for good goes to `scrapy dlq %s`", _duration(quiet), name, when,
-            name, name)
+            "what fails for good goes to `scrapy dlq %s`%s", _duration(quiet), name, when,
+            name, name, _proxies_down(stats))
         return True
+
+
+def _proxies_down(stats: StatsCollector | None) -> str:
+    """With proxy rotation on and no proxy healthy, the first thing to say (requests wait
+    for one: a retired proxy never comes back on its own)."""
+    healthy = stats.get_value("webfarm/proxies/healthy") if stats is not None else None
+    if healthy is None or healthy:
+        return ""
+    retired = stats.get_value("webfarm/proxies/retired") if stats is not None else None
+    if retired:
+        return (f". No proxy is healthy: {', '.join(retired)} retired (WEBFARM_PROXIES); "
+                "fix or replace them, then delete their webfarm:proxies:<id> keys")
+    return ". No proxy is healthy: every one of WEBFARM_PROXIES is cooling down"
 
 
 def _duration(seconds: float) -> str:
