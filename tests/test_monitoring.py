@@ -52,11 +52,16 @@ class Receiver:
     def __init__(self, host: str = "127.0.0.9") -> None:
         self.posts: list[dict] = []
         self.arrived: list[float] = []  # monotonic time of each post
+        self.failing = False  # answer 503 and keep nothing, as a receiver that is down
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - stdlib name
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if receiver.failing:
+                    self.send_response(503)
+                    self.end_headers()
+                    return
                 receiver.arrived.append(time.monotonic())
                 receiver.posts.append(json.loads(body))
                 self.send_response(204)
@@ -307,6 +312,35 @@ def test_one_evaluator_at_a_time_cooldown_and_recovery_are_shared(redis_url, rec
     store.write({(now, f"{host}|status:2xx"): 10_000})
     b.tick()
     assert [p["status"] for p in receiver.posts] == ["firing", "resolved"]  # neither repeated
+
+
+def test_an_alert_the_webhook_did_not_take_is_posted_again_and_a_reset_resolves_it(
+        redis_url, receiver):
+    """A failed POST was taken as sent: nothing again until the cooldown (30 min), and
+    its "resolved" went to a receiver that never heard it fire. And `scrapy frontier
+    --reset` deleted a firing alert's state without a word to the receiver."""
+    store, frontier = _store_and_frontier(redis_url)
+    host, now = "down.example", store.bucket_of(store.now())
+    store.write({(now - 120, f"{host}|status:2xx"): 30, (now, f"{host}|status:4xx"): 20})
+    evaluator = _evaluator(store, frontier, "w", receiver, success_window=120,
+                           min_requests=10, cooldown=600)
+    alert = f"success_rate:{host}"
+    receiver.failing = True
+    assert any(f.id == alert and f.firing for f in evaluator.tick())
+    assert receiver.posts == []
+    receiver.failing = False
+    evaluator.tick()  # the next check posts it again
+    assert [p["status"] for p in receiver.posts] == ["firing"]
+    evaluator.tick()
+    assert len(receiver.posts) == 1  # delivered: not again within the cooldown
+    result = runner.scrapy(["frontier", "generic", "--reset", "--yes"],
+                           runner.env_for(REDIS_URL=redis_url,
+                                          WEBFARM_ALERT_WEBHOOK=receiver.url), 60)
+    assert result.returncode == 0, result.output[-2000:]
+    assert "1 firing alert(s) resolved" in result.output
+    [resolved] = receiver.find(alert, "resolved")
+    assert resolved["summary"].endswith("(the frontier was reset)")
+    assert resolved["worker"] == "scrapy frontier --reset"
 
 
 def test_dead_letters_per_host_and_queue_growth(redis_url, receiver):

@@ -40,6 +40,8 @@ from webfarm.commands._common import (
 )
 from webfarm.frontier import Frontier
 from webfarm.monitor import table as monitor_table
+from webfarm.monitor.alerts import resolve_all
+from webfarm.monitor.notify import Notifier
 
 DEFAULT_TOP = 20
 DEFAULT_WINDOW = 300.0  # seconds of per-host figures (webfarm.monitor) shown
@@ -200,7 +202,7 @@ class Command(ScrapyCommand):
             frontier = open_spider_frontier(settings, args[0])
             try:
                 if opts.reset:
-                    self._reset(frontier, opts.yes)
+                    self._reset(frontier, settings, opts.yes)
                 else:
                     self._show(frontier, settings, opts)
             except redis.RedisError as exc:
@@ -237,7 +239,7 @@ class Command(ScrapyCommand):
             if hidden > 0:
                 print(f"… and {hidden:,} more hosts (--top 0 lists all)")
 
-    def _reset(self, frontier: Frontier, yes: bool) -> None:
+    def _reset(self, frontier: Frontier, settings: BaseSettings, yes: bool) -> None:
         c = frontier.counts()
         what = (f"the whole frontier {frontier.prefix} on {where(frontier)}: {c['queued']:,} "
                 f"queued, {c['leased']:,} leased, {c['delayed']:,} delayed, {c['dead']:,} dead, "
@@ -250,5 +252,10 @@ class Command(ScrapyCommand):
             if answer.strip() != frontier.spider:
                 print("not reset")
                 return
+        # The alerts' state goes with the frontier: their receiver hears they ended (it
+        # never did, and the same alert firing later was its next message).
+        notifier = Notifier.from_settings(settings, frontier.spider, "scrapy frontier --reset")
+        ended = resolve_all(frontier, notifier, "the frontier was reset")
         deleted = frontier.reset()
-        print(f"reset {frontier.spider}: deleted {deleted} keys of {frontier.prefix}")
+        print(f"reset {frontier.spider}: deleted {deleted} keys of {frontier.prefix}"
+              + (f"; {ended} firing alert(s) resolved" if ended else ""))

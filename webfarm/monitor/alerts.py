@@ -331,17 +331,29 @@ class Evaluator:
                 since = state["since"] if firing_before else now
                 last = float(state.get("notified_at") or 0)
                 if now - last >= self.rules.cooldown:
-                    self.notifier.send(self.notifier.payload(finding, "firing", since, now))
-                    state.update(notified_at=now, notified=True)
+                    sent = self.notifier.send(self.notifier.payload(finding, "firing", since,
+                                                                    now))
+                    state.update(notified_at=now, notified=True, undelivered=not sent)
+                elif state.get("undelivered"):  # the webhook failed: posted again, not logged
+                    sent = self.notifier.post(self.notifier.payload(finding, "firing", since,
+                                                                    now))
+                    state["undelivered"] = not sent
                 elif not firing_before:
                     logger.info("Alert %s fires again within the cooldown: not repeated (%s)",
                                 finding.id, finding.summary)
                     state["notified"] = False
                 state.update(status="firing", since=since, summary=finding.summary)
             elif finding.firing is False and firing_before:
-                if state.get("notified"):
-                    self.notifier.send(self.notifier.payload(finding, "resolved",
-                                                             state["since"], now))
+                resolved = self.notifier.payload(finding, "resolved", state["since"], now)
+                if state.get("resolving"):  # said; the webhook failed: posted again
+                    if not self.notifier.post(resolved):
+                        continue
+                elif state.get("notified") and not self.notifier.send(resolved):
+                    # Firing it stays, so the receiver hears of the end at a later check.
+                    state["resolving"] = True
+                    self.server.hset(self.state_key, finding.id, json.dumps(state))
+                    continue
+                state.pop("resolving", None)
                 state.update(status="resolved", resolved_at=now, summary=finding.summary)
             else:
                 continue
@@ -350,6 +362,27 @@ class Evaluator:
     def firing(self) -> dict[str, dict]:
         """Alerts firing now, by id (for ``scrapy frontier`` and Prometheus)."""
         return self._states()
+
+
+def resolve_all(frontier: Frontier, notifier: Notifier, why: str) -> int:
+    """Announce the end of every alert firing in ``frontier`` (before a reset deletes their
+    state: a receiver never heard they ended); how many."""
+    server = frontier.server
+    now = time.time()
+    ended = 0
+    for key, value in server.hgetall(frontier.key("alerts")).items():
+        state = _letter(value)
+        if not state or state.get("status") != "firing":
+            continue
+        fid = key.decode()
+        alert, _, host = fid.partition(":")
+        finding = Finding(fid, alert, False, f"{state.get('summary', '')} ({why})",
+                          host=host or None)
+        if state.get("notified"):
+            notifier.send(notifier.payload(finding, "resolved", float(state.get("since") or
+                                                                        now), now))
+        ended += 1
+    return ended
 
 
 def _letter(raw: bytes) -> dict | None:

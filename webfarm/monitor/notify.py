@@ -61,11 +61,16 @@ class Notifier:
         }
 
     def send(self, payload: dict) -> bool:
+        """Log the alert and POST it; False when the webhook did not take it."""
         if payload["status"] == "firing":
             logger.error("ALERT %s [%s]: %s", payload["alert"], self.spider, payload["summary"])
         else:
             logger.warning("RESOLVED %s [%s]: %s", payload["alert"], self.spider,
                            payload["summary"])
+        return self.post(payload)
+
+    def post(self, payload: dict) -> bool:
+        """POST it to the webhook (True without one); False when that failed."""
         if not self.url:
             return True
         request = urllib.request.Request(
@@ -76,6 +81,7 @@ class Notifier:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 response.read(65536)
         except (OSError, ValueError) as exc:
-            logger.warning("Alert webhook %s failed: %s", self.where, exc)
+            logger.error("Alert webhook %s failed: %s; %s %s is posted again at the next "
+                         "check", self.where, exc, payload["id"], payload["status"])
             return False
         return True
