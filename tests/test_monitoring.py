@@ -443,3 +443,17 @@ def test_scrapy_frontier_shows_figures_worst_first_json_and_watch(redis_url, rec
     assert "OK%" in table_lines[header] and "4XX" in table_lines[header]
     assert table_lines[header + 1].split()[0] == "bad.example"
     assert "25.0" in table_lines[header + 1].split()  # its success rate, in percent
+
+
+def test_scrapy_frontier_reads_the_bucket_size_the_workers_wrote(redis_url):
+    """Workers with WEBFARM_METRICS_BUCKET=10 and a `scrapy frontier` without it: the
+    command read only the 60-aligned buckets and showed a fraction of the fetches, and
+    no word of it."""
+    store = MetricsStore(redis.Redis.from_url(redis_url), "generic", bucket_seconds=10)
+    now = store.bucket_of(store.now())
+    store.write({(now - 10 * i, name): 10 for i in range(6)
+                 for name in ("*|requests", "*|status:2xx", "w.example|requests",
+                              "w.example|status:2xx")})
+    doc = json.loads(runner.scrapy(["frontier", "generic", "--json"],
+                                   runner.env_for(REDIS_URL=redis_url), 60).stdout)
+    assert doc["monitor"]["spider"]["requests"] == 60

@@ -222,7 +222,19 @@ class MetricsStore:
             pipe.hset(key, mapping={f"{SPIDER_HOST}|g:{k}": int(v) for k, v in gauges.items()})
             pipe.expire(key, ttl)
         if incr or high or gauges:
+            # The bucket size the figures are in, for readers (scrapy frontier) whose
+            # WEBFARM_METRICS_BUCKET differs: they read other buckets, and showed a fifth.
+            pipe.set(self.prefix + "bucket", self.bucket_seconds, ex=ttl)
             pipe.execute()
+
+    @classmethod
+    def reader(cls, server: redis.Redis, spider: str, bucket_seconds: int = 60,
+               retention: float = 7200.0) -> MetricsStore:
+        """A store reading the figures in the bucket size the workers wrote them in."""
+        recorded = server.get(key_prefix(spider) + "m:bucket")
+        if recorded is not None and recorded.isdigit() and int(recorded) >= 1:
+            bucket_seconds = int(recorded)
+        return cls(server, spider, bucket_seconds=bucket_seconds, retention=retention)
 
     # -- reading --------------------------------------------------------------------------
 

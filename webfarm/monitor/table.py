@@ -99,7 +99,7 @@ def add_figures(doc: dict[str, Any], frontier: Frontier, settings: Any,
     totals, the frontier's trend and the firing alerts. Nothing changes, and False is
     returned, when no worker recorded anything in the window.
     """
-    store = MetricsStore(
+    store = MetricsStore.reader(
         frontier.server, frontier.spider,
         bucket_seconds=settings.getint("WEBFARM_METRICS_BUCKET", 60),
         retention=settings.getfloat("WEBFARM_METRICS_RETENTION", 7200.0),
