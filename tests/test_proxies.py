@@ -683,3 +683,23 @@ def test_a_dead_letter_names_the_proxy_its_last_try_went_through(redis_url):
     ends._dead(popped.lease_id, request, "gave up after 5 attempts: HTTP 502", 502, None)
     [letter] = frontier.dead_letters(10)
     assert letter["reason"] == "gave up after 5 attempts: HTTP 502 (last through proxy eu-1)"
+
+
+def test_scrapy_frontier_shows_each_proxy_s_health(redis_url):
+    """An operator had nowhere to see it: worker log lines and close-time stats only."""
+    from tests import runner
+
+    proxies = "127.0.0.1:1#fine,127.0.0.1:2#cool,127.0.0.1:3#gone"
+    pool = make_pool(redis_url, proxies, base=600, max_failures=2)
+    run(pool.record_failure("cool", "ban status 403", pool.clock()))
+    for _ in range(2):
+        run(pool.record_failure("gone", "407 proxy authentication required", pool.clock()))
+    env = runner.env_for(REDIS_URL=redis_url, WEBFARM_PROXIES=proxies)
+    doc = json.loads(runner.scrapy(["frontier", "generic", "--json"], env, 60).stdout)
+    states = {p["id"]: (p["state"], p["failures"]) for p in doc["proxies"]}
+    assert states == {"fine": ("healthy", 0), "cool": ("cooling", 1), "gone": ("retired", 2)}
+    text = runner.scrapy(["frontier", "generic"], env, 60).stdout
+    assert re.search(r"  cool  cooling down (?:5\d\d|600)s more \(1 in a row; last: ban status 403\)",
+                     text), text
+    assert ("  gone  retired (2 in a row; last: 407 proxy authentication required); fix it, "
+            "then delete webfarm:proxies:gone") in text

@@ -30,10 +30,14 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from webfarm.hostmemory import DEFAULT_SIZE, RecentHosts
 from webfarm.proxyconfig import Proxy
 from webfarm.redisconn import REDIS_FAILURES, AnyRedis, answer
+
+if TYPE_CHECKING:
+    import redis
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +112,27 @@ class ProxyState:
 
         return cls(int(num(failures)), num(until), num(since), retired not in (None, b"0", b""),
                    (reason or b"").decode("utf-8", "replace"))
+
+
+def health(server: redis.Redis, proxies: Sequence[Proxy], now: float | None = None
+           ) -> list[dict[str, Any]]:
+    """Each proxy's shared health as every worker sees it (for ``scrapy frontier``): its
+    ``state`` (``healthy``, ``cooling``, ``retired``), ``cooling_for`` seconds, the
+    ``failures`` in a row, the ``last_reason`` and the ``key`` to delete to revive it."""
+    now = time.time() if now is None else now
+    pipe = server.pipeline(transaction=False)
+    for proxy in proxies:
+        pipe.hmget(f"{KEY_PREFIX}{proxy.id}", _FIELDS)
+    rows = []
+    for proxy, values in zip(proxies, pipe.execute(), strict=True):
+        state = ProxyState.from_redis(values)
+        kind = ("retired" if state.retired else "cooling" if state.cooldown_until > now
+                else "healthy")
+        rows.append({"id": proxy.id, "state": kind,
+                     "cooling_for": round(max(0.0, state.cooldown_until - now), 1),
+                     "failures": state.failures, "last_reason": state.last_reason,
+                     "key": f"{KEY_PREFIX}{proxy.id}"})
+    return rows
 
 
 class ProxyPool:

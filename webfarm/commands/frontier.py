@@ -38,10 +38,13 @@ from webfarm.commands._common import (
     spider_settings,
     where,
 )
+from webfarm.config import ConfigError
 from webfarm.frontier import Frontier
 from webfarm.monitor import table as monitor_table
 from webfarm.monitor.alerts import resolve_all
 from webfarm.monitor.notify import Notifier
+from webfarm.proxies import health as proxy_health
+from webfarm.proxyconfig import proxies_from_settings
 
 DEFAULT_TOP = 20
 DEFAULT_WINDOW = 300.0  # seconds of per-host figures (webfarm.monitor) shown
@@ -147,6 +150,19 @@ def summary(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def proxy_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The proxies' health, one line each (WEBFARM_PROXIES)."""
+    lines = ["proxies (WEBFARM_PROXIES; health shared by all workers)"]
+    width = max(len(r["id"]) for r in rows)
+    for r in rows:
+        why = f"{r['failures']} in a row; last: {r['last_reason'] or '?'}"
+        state = {"healthy": "healthy",
+                 "cooling": f"cooling down {r['cooling_for']:.0f}s more ({why})",
+                 "retired": f"retired ({why}); fix it, then delete {r['key']}"}[r["state"]]
+        lines.append(f"  {r['id']:<{width}}  {state}")
+    return lines
+
+
 class Command(ScrapyCommand):
     requires_project = True
     requires_crawler_process = False
@@ -225,10 +241,18 @@ class Command(ScrapyCommand):
         figures = monitor_table.add_figures(doc, frontier, settings, opts.window)
         if opts.top > 0:
             doc["per_host"] = doc["per_host"][:opts.top]
+        try:
+            proxies = proxies_from_settings(settings)
+        except ConfigError as exc:
+            raise CommandError(str(exc), BAD_CONFIG) from None
+        if proxies:  # health is shared by every spider's workers
+            doc["proxies"] = proxy_health(frontier.server, proxies)
         if opts.json:
             print(json.dumps(doc, indent=None if opts.watch else 2))
             return
         print(summary(doc))
+        if proxies:
+            print("\n".join(proxy_lines(doc["proxies"])))
         if figures:
             print("\n".join(monitor_table.summary_lines(doc["monitor"])))
         if doc["per_host"]:
