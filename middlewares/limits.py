@@ -15,6 +15,9 @@ dead-lettered at once with its reason and counted under ``webfarm/limits/``.
 Dripping servers hit ``DOWNLOAD_TIMEOUT`` and truncated bodies
 ``DOWNLOAD_FAIL_ON_DATALOSS``; both can be a passing network fault, so they stay
 with the retry policy (backoff, then the dead-letter queue).
+
+Two spider middlewares belong here too: :class:`LinkEncodingMiddleware` (a UTF-16
+page's links) and :class:`UrlLengthMiddleware` (Scrapy's, its log bounded).
 """
 
 from __future__ import annotations
@@ -162,7 +165,6 @@ class _DeadLetterRedirects:
                 f"redirect: more than {self.max_redirect_times} redirects (REDIRECT_MAX_TIMES): "
                 f"{_chain(chain + [redirected.url])}"
             ) from None
-
 
     def _check_offsite(self, redirected: Request, request: Request, chain: list[str]) -> None:
         """A redirect out of the spider's hosts is dropped by the offsite filter, as in

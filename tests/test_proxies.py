@@ -699,7 +699,7 @@ def test_scrapy_frontier_shows_each_proxy_s_health(redis_url):
     states = {p["id"]: (p["state"], p["failures"]) for p in doc["proxies"]}
     assert states == {"fine": ("healthy", 0), "cool": ("cooling", 1), "gone": ("retired", 2)}
     text = runner.scrapy(["frontier", "generic"], env, 60).stdout
-    assert re.search(r"  cool  cooling down (?:5\d\d|600)s more \(1 in a row; last: ban status 403\)",
-                     text), text
+    assert re.search(r"  cool  cooling down (?:5\d\d|600)s more \(1 in a row; last: ban "
+                     r"status 403\)", text), text
     assert ("  gone  retired (2 in a row; last: 407 proxy authentication required); fix it, "
             "then delete webfarm:proxies:gone") in text
