@@ -73,6 +73,10 @@ def test_gzip_store_writes_gzip_and_every_store_reads_both(tmp_path):
     (lambda raw: b"PK\x03\x04 not ours", "neither zstd nor gzip.*damaged"),
     (lambda raw: raw[: len(raw) // 2], "ends early|does not decompress"),  # a cut-off copy
     (lambda raw: raw[:6] + b"\xff" * (len(raw) - 6), "does not decompress"),  # overwritten
+    # One flipped bit in the middle: same length, still decompresses; zstd without its
+    # frame checksum read it as another page (a re-parse wrote the wrong value to items).
+    (lambda raw: raw[:len(raw) // 2] + bytes([raw[len(raw) // 2] ^ 1]) + raw[len(raw) // 2 + 1:],
+     "checksum|CRC check failed|does not decompress"),
 ])
 def test_damaged_blob_says_so(tmp_path, compression, damage, message):
     """A damaged blob raises BlobDamaged; it never reads as a shorter page (a truncated

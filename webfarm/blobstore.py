@@ -89,7 +89,10 @@ class Compression:
         if compressor is None:
             import zstandard
 
-            compressor = self._local.zstd = zstandard.ZstdCompressor(level=self.level)
+            # With the frame's checksum a flipped bit is a damaged blob, not another page
+            # (gzip has its CRC); 4 bytes a blob.
+            compressor = self._local.zstd = zstandard.ZstdCompressor(level=self.level,
+                                                                     write_checksum=True)
         return compressor.compress(body)
 
 
