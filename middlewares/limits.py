@@ -155,6 +155,10 @@ class _DeadLetterRedirects:
             _inc(self.crawler, "redirect_loop")
             raise DeadLetter(f"redirect loop: {_chain(chain + [redirected.url])}")
         self._check_offsite(redirected, request, chain)
+        # A refetch's validators are the page's: sent on to where it moved, a 304 there
+        # said "not modified" of another resource, and the page was kept as it was.
+        for name in (b"If-None-Match", b"If-Modified-Since"):
+            redirected.headers.pop(name, None)
         try:
             return super()._redirect(redirected, request, reason)  # type: ignore[misc]
         except (DeadLetter, RetryLater):
@@ -173,8 +177,12 @@ class _DeadLetterRedirects:
         (or a seed's) is dead-lettered, to be requeued once the host is added."""
         spider = self.crawler.spider
         within = within_domains(getattr(spider, "allowed_domains", None) or ())
-        if (within is None or within(redirected.url) or redirected.dont_filter
+        if (within is None or within(redirected.url) or not within(request.url)
                 or redirected.meta.get("allow_offsite")):
+            # In scope; or from a start URL outside the hosts, fetched anyway (as Scrapy
+            # fetches start URLs outside allowed_domains). Not dont_filter, which the
+            # frontier sets on refetches, renders and proxy retries: a refetch followed a
+            # page that moved off the spider's hosts and stored the other site's data.
             return
         _inc(self.crawler, "redirect_offsite")
         host = urlparse_cached(redirected).hostname or ""
@@ -193,6 +201,7 @@ class _DeadLetterRedirects:
             said.add(host)
             logger.warning("%s redirects to %s, outside the spider's hosts: not followed; "
                            "%s (said once per host)", request.url, redirected.url[:200], fix)
+        raise IgnoreRequest(f"redirect offsite: {redirected.url[:200]}")  # as Scrapy drops it
 
 
 def _chain(urls: list[str], keep: int = 4) -> str:

@@ -260,15 +260,25 @@ def test_a_link_that_redirects_out_of_the_spider_s_hosts_is_said_once_per_host(c
 
     from middlewares.limits import RedirectMiddleware
 
+    from scrapy.exceptions import IgnoreRequest
+
     crawler = get_crawler(Spider)
     crawler.spider = Spider("shop", allowed_domains=["shop.test"])
     mw = RedirectMiddleware.from_crawler(crawler)
     caplog.set_level("WARNING")
-    for path in ("/a", "/b"):
-        request = Request(f"http://shop.test{path}", meta={"depth": 2})
+    # dont_filter does not let it out: the frontier sets it on refetches (which followed a
+    # page that moved off the hosts and stored the other site's data), renders, retries.
+    for path, dont_filter in (("/a", False), ("/b", True)):
+        request = Request(f"http://shop.test{path}", meta={"depth": 2},
+                          dont_filter=dont_filter)
         moved = ScrapyResponse(request.url, status=301,
                                headers={"Location": f"https://shop.example{path}"})
-        assert mw.process_response(request, moved).url == f"https://shop.example{path}"
+        with pytest.raises(IgnoreRequest, match="redirect offsite"):
+            mw.process_response(request, moved)
+    # A start URL outside the hosts is fetched, as in Scrapy, and so is where it leads.
+    outside = Request("http://other.test/", meta={"allow_offsite": True})
+    moved = ScrapyResponse(outside.url, status=301, headers={"Location": "https://other.test/"})
+    assert mw.process_response(outside, moved).url == "https://other.test/"
     said = [r.getMessage() for r in caplog.records if "outside the spider's hosts" in r.message]
     assert said == ["http://shop.test/a redirects to https://shop.example/a, outside the "
                     "spider's hosts: not followed; to follow it, add shop.example to the "
@@ -296,3 +306,25 @@ def test_links_past_the_url_length_limit_are_said_short_and_once_per_host(caplog
     assert len(infos) == 1 and len(infos[0]) < 400, infos
     assert "(20020 characters)" in infos[0]
     assert crawler.stats.get_value("urllength/request_ignored_count") == 3
+
+
+def test_a_refetch_s_validators_do_not_follow_its_redirect():
+    """A refetch sends the page's ETag and Last-Modified; sent on to where the page moved,
+    a 304 there kept the page "not modified" while its URL served another product."""
+    from scrapy import Spider
+    from scrapy.http import Response as ScrapyResponse
+
+    from middlewares.limits import RedirectMiddleware
+
+    crawler = get_crawler(Spider)
+    crawler.spider = Spider("shop", allowed_domains=["shop.test"])
+    mw = RedirectMiddleware.from_crawler(crawler)
+    refetch = Request("http://shop.test/product/4", dont_filter=True, headers={
+        "If-None-Match": '"6b45"', "If-Modified-Since": "Mon, 07 Dec 2026 03:37:53 GMT",
+        "Accept-Language": "en"})
+    moved = ScrapyResponse(refetch.url, status=301, headers={"Location": "/product/9"})
+    followed = mw.process_response(refetch, moved)
+    assert followed.url == "http://shop.test/product/9"
+    assert b"If-None-Match" not in followed.headers
+    assert b"If-Modified-Since" not in followed.headers
+    assert followed.headers[b"Accept-Language"] == b"en"  # the rest goes on
