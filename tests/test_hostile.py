@@ -256,11 +256,10 @@ def test_a_link_that_redirects_out_of_the_spider_s_hosts_is_said_once_per_host(c
     """Scrapy's offsite filter drops it with a DEBUG line; a site whose pages moved to
     another host gave a crawl of nothing and no hint why."""
     from scrapy import Spider
+    from scrapy.exceptions import IgnoreRequest
     from scrapy.http import Response as ScrapyResponse
 
     from middlewares.limits import RedirectMiddleware
-
-    from scrapy.exceptions import IgnoreRequest
 
     crawler = get_crawler(Spider)
     crawler.spider = Spider("shop", allowed_domains=["shop.test"])

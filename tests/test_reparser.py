@@ -316,6 +316,32 @@ def test_a_page_another_spider_stored_since_is_still_re_parsed(index, blobs):
     assert set(titles(index)) == set(urls)
 
 
+def test_a_page_a_crawl_stores_again_meanwhile_keeps_the_crawl_s_items(index, blobs):
+    """A re-parse beside a crawl: the crawl stored a page's new version and wrote its
+    items; the re-parse, which had read the older version, wrote the old values back and
+    counted them "changed" (new prices reverted until the next refetch)."""
+    from tests.spiders.products import PageTitle
+
+    urls = store_pages(index, blobs, 4)
+    items = ItemStore(index.db)
+
+    def a_crawl_stores_page_1_again(stats) -> None:
+        if stats.pages != 2:
+            return
+        now = dt.datetime.now(dt.timezone.utc)
+        index.pages.update_one({"_id": url_fingerprint(urls[1])},
+                               {"$set": {"content_hash": "f" * 64}})
+        items.write_items([make_entry(PageTitle(url=urls[1], title="Page 1, new"),
+                                      None, urls[1], "f" * 64, now)])
+
+    stats = reparser(index, blobs, batch_size=4, progress_every=2,
+                     progress=a_crawl_stores_page_1_again).run()
+    assert titles(index) == {urls[0]: "Page 0", urls[1]: "Page 1, new", urls[2]: "Page 2",
+                             urls[3]: "Page 3"}
+    assert (stats.created, stats.superseded, stats.items) == (3, 1, 3)
+    assert "3 created, 0 changed, 0 unchanged, 0 dropped, 1 left to a newer fetch" in stats.line()
+
+
 def test_a_dry_run_counts_what_a_run_would_do_and_writes_nothing(index, blobs, caplog):
     store_pages(index, blobs, 12, skus=3)  # 12 titles; 3 products and 3 skus_seen, 4 times each
 

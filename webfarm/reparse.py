@@ -63,9 +63,11 @@ from webfarm.itemstore import (
 from webfarm.queue import callback_for
 from webfarm.reparsepages import PageReader, page_query, rebuild_response
 from webfarm.reparsepipes import PipelineNeedsReactor, ProjectPipelines
+from webfarm.urls import url_fingerprint
 
 logger = logging.getLogger(__name__)
 R = TypeVar("R")
+SUPERSEDED = "superseded"  # an outcome of _store: not written, a newer fetch wrote it
 
 @dataclass
 class ReparseStats:
@@ -78,6 +80,7 @@ class ReparseStats:
     dropped: int = 0  # by the project's item pipelines (DropItem)
     missing_blobs: int = 0
     damaged_blobs: int = 0
+    superseded: int = 0  # items of pages a crawl stored again meanwhile: left as it wrote
     retries: int = 0
     started: float = field(default_factory=time.monotonic)
 
@@ -87,8 +90,10 @@ class ReparseStats:
 
     def line(self) -> str:
         rate = self.pages / self.seconds if self.seconds > 0 else 0.0
+        newer = (f", {self.superseded} left to a newer fetch" if self.superseded else "")
         return (f"reparse: {self.pages} pages, {self.items} items: {self.created} created, "
-                f"{self.changed} changed, {self.unchanged} unchanged, {self.dropped} dropped; "
+                f"{self.changed} changed, {self.unchanged} unchanged, {self.dropped} dropped"
+                f"{newer}; "
                 f"{self.errors} errors, "
                 f"{self.missing_blobs} missing blobs, {self.damaged_blobs} damaged; "
                 f"{self.retries} store retries; {self.seconds:.1f}s "
@@ -307,6 +312,9 @@ class Reparser:
                 stats.errors += 1
                 logger.error("reparse: %s", outcome)
                 continue
+            if outcome == SUPERSEDED:
+                stats.superseded += 1
+                continue
             stats.items += 1
             if outcome == CREATED:
                 stats.created += 1
@@ -315,12 +323,25 @@ class Reparser:
             elif outcome == UNCHANGED:
                 stats.unchanged += 1
 
+    def _refetched(self, entries: list[ItemEntry]) -> set[int]:
+        """The entries whose page a crawl stored again since it was read here: the crawl
+        wrote their items from the newer page, and these would put older values back (a
+        re-parse running beside a crawl reverted new prices, counted as "changed")."""
+        ids = {e.source_url: url_fingerprint(e.source_url) for e in entries}
+        now = {d["_id"]: d.get("content_hash") for d in self.index.pages.find(
+            {"_id": {"$in": list(set(ids.values()))}}, {"content_hash": 1})}
+        return {i for i, e in enumerate(entries)
+                if ids[e.source_url] in now and now[ids[e.source_url]] != e.content_hash}
+
     def _store(self, entries: list[ItemEntry]) -> list[str | ItemError]:
         """In the writer thread: each entry's outcome, written or (dry run) previewed."""
         if not self.dry_run:
+            stale = self._items.call(lambda: self._refetched(entries))
+            fresh = [e for i, e in enumerate(entries) if i not in stale]
             attempts = itertools.count()
-            return self._items.call(
-                lambda: self.items.write_items(entries, retried=next(attempts) > 0))
+            written = iter(self._items.call(
+                lambda: self.items.write_items(fresh, retried=next(attempts) > 0)))
+            return [SUPERSEDED if i in stale else next(written) for i in range(len(entries))]
         previews = self._items.call(lambda: self.items.preview_items(entries, self._written))
         for entry, (outcome, stored) in zip(entries, previews, strict=True):
             if outcome == CHANGED and self._shown < self.show_changes:

@@ -196,6 +196,7 @@ class Command(ScrapyCommand):
         print(f"created={stats.created} changed={stats.changed} unchanged={stats.unchanged} "
               f"dropped={stats.dropped} pages={stats.pages} items={stats.items} "
               f"errors={stats.errors}"
+              + (f" superseded={stats.superseded}" if stats.superseded else "")
               + (" (dry run: nothing written)" if opts.dry_run else ""))
         if stats.errors or stats.missing_blobs or stats.damaged_blobs:
             self.exitcode = 1
