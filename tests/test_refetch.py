@@ -313,6 +313,12 @@ def test_due_pages_most_overdue_first_and_queued_once(redis_url, mongo_uri, mong
     # 304: unchanged; 404/410: gone (both reach the spider, which records them)
     assert all(r.dont_filter and r.meta["handle_httpstatus_list"] == [304, 404, 410]
                and r.callback is None for r in requests.values())
+    # The frontier was reset (or they were dead-lettered): none is queued any more, so none
+    # is skipped as "still queued from an earlier round" (for up to its interval, an hour).
+    assert recrawler.run(now).skipped_queued == 3  # leased: still on their way
+    frontier.reset()
+    after_reset = recrawler.run(now)
+    assert (after_reset.enqueued, after_reset.skipped_queued) == (3, 0)
 
 
 def test_a_worker_s_round_enqueues_only_pages_its_offsite_filter_lets_through(

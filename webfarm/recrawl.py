@@ -111,11 +111,12 @@ def _still_queued(doc: Mapping[str, Any], wall: dt.datetime) -> bool:
 
 def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = None,
               wall: dt.datetime | None = None, keep: Callable[[str], bool] | None = None,
-              ) -> tuple[list[DuePage], int]:
+              queued_marks: bool = True) -> tuple[list[DuePage], int]:
     """The spider's pages due at ``now``, most overdue first (at most ``limit``), and how
     many due pages were skipped because an earlier round enqueued them and they were not
     fetched yet. ``wall`` is the real time (``now`` may be moved for tests and what-ifs);
-    ``keep``, if given, says which URLs to consider at all."""
+    ``keep``, if given, says which URLs to consider at all; ``queued_marks`` False: the
+    frontier holds nothing, so no page is still queued whatever its mark says."""
     wall = wall or utcnow()
     cursor = pages.find({"spider": spider, "next_fetch_at": {"$lte": now}},
                         dict.fromkeys(_FIELDS, 1))
@@ -126,7 +127,7 @@ def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = Non
         for doc in cursor:
             if keep is not None and not keep(doc["url"]):
                 continue
-            if _still_queued(doc, wall):
+            if queued_marks and _still_queued(doc, wall):
                 skipped += 1
                 continue
             overdue = (now - _aware(doc["next_fetch_at"])).total_seconds()
@@ -193,7 +194,13 @@ class Recrawler:
     def run(self, now: dt.datetime | None = None, limit: int | None = None,
             dry_run: bool = False) -> RoundResult:
         wall = utcnow()
-        due, skipped = due_pages(self.pages, self.spider, now or wall, limit, wall, self.keep)
+        # An empty frontier (reset since, or the refetches dead-lettered) holds none of
+        # the pages an earlier round marked queued: they were skipped as "still queued"
+        # for up to their refetch interval, a day or more.
+        counts = self.frontier.counts()
+        holds = bool(counts["queued"] or counts["delayed"] or counts["leased"])
+        due, skipped = due_pages(self.pages, self.spider, now or wall, limit, wall, self.keep,
+                                 queued_marks=holds)
         if dry_run or not due:
             return RoundResult(due, 0, skipped, dry_run)
         entries: list[Entry] = []
