@@ -50,11 +50,17 @@ from urllib.parse import urljoin, urlsplit
 
 from scrapy import Request, Spider, signals
 from scrapy.crawler import Crawler
-from scrapy.exceptions import NotConfigured, StopDownload
+from scrapy.exceptions import (
+    CannotResolveHostError,
+    DownloadConnectionRefusedError,
+    NotConfigured,
+    StopDownload,
+)
 from scrapy.http import Response
 from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
+from twisted.internet import error as txerror
 from twisted.internet import reactor
 from twisted.internet.base import DelayedCall
 from twisted.internet.defer import Deferred
@@ -92,6 +98,12 @@ logger = logging.getLogger(__name__)
 META = "webfarm_robots"  # marks our own robots.txt requests
 MEMORY_ORIGINS = 4096  # parsed robots.txt kept in memory per worker (LRU)
 PARSE_IN_THREAD = 64 * 1024  # bodies larger than this are parsed off the reactor
+#: the host does not answer at all: nothing listens, or its name does not resolve
+ABSENT_ERRORS: tuple[type[BaseException], ...] = (
+    DownloadConnectionRefusedError, CannotResolveHostError, txerror.ConnectionRefusedError,
+    txerror.DNSLookupError, txerror.NoRouteError)
+
+
 @dataclass
 class Known:
     """What this worker currently knows about an origin's robots.txt."""
@@ -104,6 +116,7 @@ class Known:
     deferred: bool = False  # the host is held in the frontier for this outage
     spacing: float = 0.0  # the Crawl-delay in force (0: none)
     burst: bool = False  # loaded while requests of other workers waited for the same file
+    absent: bool = False  # "unreachable" because the host does not answer at all
 
 
 class RobotsMiddleware:
@@ -194,6 +207,14 @@ class RobotsMiddleware:
             raise DeadLetter(known.dead.reason, status=known.dead.status,
                              error=known.dead.error)
         wait = max(known.until - time.monotonic(), 1.0)
+        if known.absent:
+            # A host that does not answer at all (refused, no such name): holding its pages
+            # without spending attempts kept a crawl from ever ending (30 days, RFC 9309's
+            # outage), its errbacks never run. They are retried at robots.txt's pace and
+            # dead-lettered, as their own fetch would be; none is fetched meanwhile.
+            self._inc("webfarm/robots/host_absent")
+            raise RetryLater(f"robots.txt unavailable: the host does not answer "
+                             f"({known.reason})", delay=wait * random.uniform(1.0, 1.1))
         if known.kind == "unreachable" and not known.deferred:
             known.deferred = True
             self._hold_host(origin, wait)
@@ -321,7 +342,7 @@ class RobotsMiddleware:
         if how == "unreachable":
             logger.info("robots.txt of %s unreachable (%s): its requests wait %.0fs", origin,
                         reason, record.expires - now)
-            return Known("unreachable", until, reason=reason)
+            return Known("unreachable", until, reason=reason, absent=record.absent)
         if how == "outage-allow":
             logger.warning("robots.txt of %s unreachable for %.0f days: treated as unavailable "
                            "(allow all), as RFC 9309 2.3.1.4 permits", origin,
@@ -389,7 +410,8 @@ class RobotsMiddleware:
                 return Fetched("unreachable", error=f"redirect to {url} refused: {exc.reason}")
             except Exception as exc:
                 logger.info("robots.txt %s unreachable: %s: %s", url, type(exc).__name__, exc)
-                return Fetched("unreachable", error=f"{type(exc).__name__}: {exc}")
+                return Fetched("unreachable", error=f"{type(exc).__name__}: {exc}",
+                               absent=isinstance(exc, ABSENT_ERRORS))
             self._inc(f"webfarm/robots/status/{response.status}")
             kind = classify(response.status)
             if kind == "redirect":

@@ -12,7 +12,7 @@ import pytest
 import redis
 from scrapy.settings import Settings
 
-from tests import runner, servers
+from tests import crawlcheck, runner, servers
 from tests.crawlcheck import frontier as frontier_of
 from tests.testweb import Response
 from webfarm.robots import (
@@ -399,3 +399,25 @@ def test_crawl_delay_at_the_server(web, stores):
         assert min(gaps) >= delay * 0.85, (base, gaps)
     capped_lines = [ln for ln in result.output.splitlines() if "Crawl-delay 600" in ln]
     assert capped_lines and "capped" in capped_lines[0] and netloc(capped) in capped_lines[0]
+
+
+def test_a_host_that_does_not_answer_ends_in_dead_letters_and_the_crawl_ends(web, stores):
+    """Nothing listens: its robots.txt is unreachable (RFC 9309: disallow all), and its
+    pages were held in the frontier without spending attempts, re-checked for 30 days:
+    the crawl never ended and no errback ran. Now they are retried at robots.txt's pace,
+    never fetched, and dead-lettered; the other host is crawled meanwhile."""
+    base = web.base_urls[0]
+    urls = mini_site(web, base, pages=2)
+    dead = f"http://127.0.0.9:{servers.free_port('127.0.0.9')}"
+    started = time.monotonic()
+    result = run(crawl_args([f"{dead}/a", *urls], "WEBFARM_ROBOTS_RETRY_DELAY=1",
+                            "WEBFARM_RETRY_TIMES=2", "WEBFARM_RETRY_BACKOFF_BASE=0.1"),
+                 env(stores), timeout=60)
+    assert time.monotonic() - started < 45
+    letters = crawlcheck.dead_letters(stores["REDIS_URL"])
+    assert list(letters) == [f"{dead}/a"], letters
+    assert letters[f"{dead}/a"]["reason"].startswith(
+        "gave up after 2 attempts: robots.txt unavailable: the host does not answer "
+        "(DownloadConnectionRefusedError")
+    assert stored_urls(stores) >= set(urls)
+    assert stat(result.output, "webfarm/robots/host_absent") == 2

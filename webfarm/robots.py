@@ -185,13 +185,14 @@ class Record:
     body: bytes = b""
     good_at: float = 0.0
     since: float = 0.0
+    absent: bool = False  # unreachable: the host did not answer at all (refused, no name)
 
     def to_mapping(self) -> dict[str, bytes | str]:
         return {
             "state": self.state, "expires": repr(self.expires), "fetched": repr(self.fetched),
             "status": str(self.status), "error": self.error[:500], "good": self.good,
             "body": self.body[:MAX_BYTES], "good_at": repr(self.good_at),
-            "since": repr(self.since),
+            "since": repr(self.since), "absent": "1" if self.absent else "",
         }
 
     @classmethod
@@ -214,7 +215,7 @@ class Record:
                        fetched=number("fetched"), status=int(number("status")),
                        error=text("error"), good=text("good"),
                        body=raw.get(b"body", b"")[:MAX_BYTES], good_at=number("good_at"),
-                       since=number("since"))
+                       since=number("since"), absent=text("absent") == "1")
         except ValueError:
             return None
 
@@ -232,6 +233,7 @@ class Fetched:
     #: "allow" from an answer that may be a proxy's, not the site's: kept as long as an
     #: unreachable file, not a day
     brief: bool = False
+    absent: bool = False  # "unreachable": the host refused the connection or has no name
 
 
 def next_record(fetched: Fetched, previous: Record | None, now: float, fresh_for: float,
@@ -246,9 +248,16 @@ def next_record(fetched: Fetched, previous: Record | None, now: float, fresh_for
                       fetched.status, error=fetched.error, good="allow", good_at=now)
     prev = previous or Record("unreachable", 0.0, 0.0)
     since = prev.since if prev.state == "unreachable" and prev.since else now
+    if fetched.absent:  # its pages spend their attempts at this pace (see the middleware)
+        retry_in = min(retry_in, ABSENT_RETRY)
     return Record("unreachable", now + retry_in, now, fetched.status, error=fetched.error,
-                  good=prev.good, body=prev.body, good_at=prev.good_at, since=since)
+                  good=prev.good, body=prev.body, good_at=prev.good_at, since=since,
+                  absent=fetched.absent)
 
+
+#: seconds between robots.txt tries of a host that does not answer at all: its pages are
+#: retried (an attempt each) at this pace, then dead-lettered
+ABSENT_RETRY = 30.0
 
 Verdict = Literal["parsed", "allow", "stale", "outage-allow", "unreachable"]
 
