@@ -36,7 +36,9 @@ from scrapy.crawler import Crawler
 from scrapy.http import Response
 
 from webfarm import serialize
+from webfarm.exceptions import ItemError
 from webfarm.items import ItemSource, PageItem, attach_source, has_source
+from webfarm.itemstore import collection_of, key_fields_of
 from webfarm.queue import LOCAL
 
 logger = logging.getLogger(__name__)
@@ -87,6 +89,7 @@ class ItemSourceMiddleware:
         assert crawler.stats is not None
         self.stats = crawler.stats
         self._said_large: set[str] = set()  # callbacks whose too large cb_kwargs were logged
+        self._said_keyless: set[str] = set()  # collections whose collapsed items were said
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ItemSourceMiddleware:
@@ -118,6 +121,7 @@ class ItemSourceMiddleware:
                     source = ItemSource(page.url, page=page)
             else:
                 source = ItemSource(response.url)
+        keyless: dict[str, int] = {}  # collection -> items of this page keyed on it
         async for output in result:
             if page is not None and isinstance(output, PageItem) and output.url == page.url:
                 continue  # a parse of its own that calls super().parse(): stored once
@@ -129,7 +133,36 @@ class ItemSourceMiddleware:
                 attach_source(output, source)
                 if source.page is None:
                     self.stats.inc_value("webfarm/items/tagged")
+            if output is not None and not isinstance(output, (Request, PageItem)):
+                self._count_keyless(output, keyless)
             yield output
+        for collection, n in keyless.items():
+            if n > 1:
+                self._collapsed(collection, n, response)
+
+    def _count_keyless(self, item: Any, keyless: dict[str, int]) -> None:
+        spider = self.crawler.spider
+        try:
+            if key_fields_of(item, spider) == ("source_url",):
+                name = collection_of(item, spider)
+                keyless[name] = keyless.get(name, 0) + 1
+        except ItemError:  # refused by the item store, with its own message
+            pass
+
+    def _collapsed(self, collection: str, n: int, response: Response) -> None:
+        """Items without a key of their own are keyed on their page: several from one page
+        are one document, the last one's (Scrapy's feeds got them all): said once per
+        collection, counted in ``webfarm/items/keyless_collapsed``."""
+        self.stats.inc_value("webfarm/items/keyless_collapsed", n - 1)
+        if collection in self._said_keyless:
+            return
+        self._said_keyless.add(collection)
+        logger.warning(
+            "%s yielded %d items without a key from %s into %r: they are stored as one "
+            "document keyed on the page, the last one's. Give them a key: key_fields on "
+            "the Item class, '_key' in a dict, or the spider's item_key_fields (said once "
+            "per collection; counted in webfarm/items/keyless_collapsed)",
+            getattr(self.crawler.spider, "name", "the spider"), n, response.url, collection)
 
     def _kept(self, callback: str, kwargs: str | None, url: str) -> str | None:
         """``kwargs`` if small enough to keep with the page; else None, said once per

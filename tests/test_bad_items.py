@@ -158,3 +158,41 @@ def test_a_crawl_dead_letters_pages_whose_index_document_is_refused(web, stores,
     # Each stored page counted once on its content.
     assert sum(c["url_count"] for c in mongo_db.contents.find()) == (
         mongo_db.pages.count_documents({}))
+
+
+def test_items_without_a_key_from_one_page_are_said_to_be_stored_as_one(caplog):
+    """A listing page's five dicts without a key are keyed on the page: one document, the
+    last product's. Scrapy's feed got all five, the store one, and nothing said so."""
+    import asyncio
+
+    from scrapy import Request, Spider
+    from scrapy.http import HtmlResponse
+    from scrapy.utils.test import get_crawler
+
+    from middlewares.sources import ItemSourceMiddleware
+
+    crawler = get_crawler(Spider)
+    crawler.spider = Spider("listing")
+    mw = ItemSourceMiddleware.from_crawler(crawler)
+    url = "http://shop.test/category/garden"
+    response = HtmlResponse(url, body=b"<html></html>", request=Request(url))
+
+    async def callback():
+        for i in range(5):
+            yield {"name": f"Chisel {i}"}
+        yield {"sku": "WF01", "_key": "sku"}  # keyed: not counted
+        yield Request("http://shop.test/next")
+
+    async def run():
+        return [out async for out in mw.process_spider_output(response, callback())]
+
+    caplog.set_level("WARNING")
+    for _ in range(2):  # two such pages: said once
+        assert len(asyncio.run(run())) == 7  # every item and request still goes on
+    said = [r.getMessage() for r in caplog.records if "without a key" in r.message]
+    assert said == [
+        f"listing yielded 5 items without a key from {url} into 'items': they are stored as "
+        "one document keyed on the page, the last one's. Give them a key: key_fields on the "
+        "Item class, '_key' in a dict, or the spider's item_key_fields (said once per "
+        "collection; counted in webfarm/items/keyless_collapsed)"]
+    assert crawler.stats.get_value("webfarm/items/keyless_collapsed") == 8
