@@ -27,5 +27,9 @@ class ErrbacksSpider(scrapy.Spider):
     def parse(self, response: scrapy.http.Response) -> Any:
         yield {"status": response.status}  # keyed on its page (a plain spider's dict)
 
-    def failed(self, failure: Failure) -> None:
+    def failed(self, failure: Failure) -> Any:
         self.logger.warning("errback: %s %s", failure.request.url, type(failure.value).__name__)
+        # Scrapy's docs record failures as items: after a network error the item comes with
+        # the Failure where a response would be.
+        yield {"url": failure.request.url, "error": type(failure.value).__name__,
+               "_key": "url", "_collection": "failures"}

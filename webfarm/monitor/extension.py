@@ -30,6 +30,7 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import threads
 from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
+from twisted.python.failure import Failure
 
 from webfarm import fetchapi
 from webfarm.items import PageItem
@@ -187,11 +188,16 @@ class MonitorExtension:
 
     # -- items ------------------------------------------------------------------------------
 
-    def item_scraped(self, item: Any, response: Response, spider: Spider) -> None:
+    def item_scraped(self, item: Any, response: Response | Failure, spider: Spider) -> None:
         if isinstance(item, PageItem):
             self.recorder.item(item.host, self._is_duplicate(item))
-        elif response is not None:
-            self.recorder.item(host_of(response.url), False)
+            return
+        # An errback's item after a network error comes with the Failure, not a response
+        # (an AttributeError traceback for each such item).
+        url = getattr(response, "url", None) or getattr(
+            getattr(response, "request", None), "url", None)
+        if url:
+            self.recorder.item(host_of(url), False)
 
     def _is_duplicate(self, item: PageItem) -> bool:
         """A field on the item if the pipelines set one; else the index pipeline's
