@@ -119,3 +119,19 @@ def test_a_login_answered_503_is_tried_again(club, stores):
     assert len(pages) == PAGES and all("session=ok-" in h.headers.get("cookie", "")
                                        for h in pages)
     assert crawlcheck.stat(result.stderr, "retry/count") == 1
+
+
+def test_a_login_queued_to_the_frontier_is_said_once_with_what_to_do(club, stores):
+    """The textbook FormRequest login, with cookies off (webfarm's default): the password
+    went to Redis, the session cookie was not sent on, and the members' pages redirected
+    back to the form ("redirect loop"), with no word of why."""
+    base = club.base_urls[0]
+    result = runner.scrapy(["crawl", "test_members", "-a", f"start={base}/", "-a", "local=0",
+                            "-s", "COOKIES_ENABLED=False",
+                            "-s", "SPIDER_MODULES=spiders,tests.spiders"],
+                           runner.env_for(**stores), timeout=120)
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.output.count("is a POST queued to the shared frontier") == 1
+    assert ("and COOKIES_ENABLED is False: the session cookie it sets is not sent with the "
+            "next requests") in result.output
+    assert "meta={'webfarm_local': True} and COOKIES_ENABLED=True" in result.output

@@ -50,6 +50,21 @@ def slot_not_used(request: Request, host: str) -> bool:
     return True
 
 
+def post_queued(request: Request, cookies: bool) -> None:
+    """A POST a spider yields goes to the shared frontier like any request: its body (a
+    login form's password too) is kept in Redis, another worker may send it, and with
+    cookies off the session a login sets is not sent on: the textbook
+    ``FormRequest.from_response`` login failed with a "redirect loop" and no other word.
+    Said once a worker."""
+    logger.warning(
+        "%s is a POST queued to the shared frontier: its body (a login form's password "
+        "too) is kept in Redis and may be sent by another worker, without this worker's "
+        "session%s. Send a login with meta={'webfarm_local': True} and COOKIES_ENABLED=True "
+        "(README: Logins and other requests of one worker); said once", request,
+        "" if cookies else "; and COOKIES_ENABLED is False: the session cookie it sets "
+        "is not sent with the next requests")
+
+
 def url_not_queued(request: Request, why: Exception, said: RecentHosts[None]) -> None:
     """A link or start URL the downloader would fail on at every try (a bad port, a
     broken IPv6 literal, a ``user:password@``) is dropped; the first of each host is said,

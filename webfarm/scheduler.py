@@ -99,6 +99,7 @@ class Scheduler(BaseScheduler):
         self.offsite_wait = settings.getfloat("WEBFARM_OFFSITE_WAIT", 60.0)
         self._cookies_said = settings.getbool("COOKIES_ENABLED")  # nothing to say then
         self._slot_said = False
+        self._post_said = False  # a POST queued to the frontier was said (advice)
         self._unfetchable_said: RecentHosts[None] = RecentHosts(host_memory_size(settings))
         self.flush_interval = settings.getfloat("WEBFARM_FLUSH_INTERVAL", 0.5)
         self.max_entry_bytes = whole_number(settings, "WEBFARM_MAX_ENTRY_BYTES", 1 << 20,
@@ -235,6 +236,9 @@ class Scheduler(BaseScheduler):
             self._local.append(request)
             self._inc("webfarm/frontier/local")
             return True
+        if request.method == "POST" and not self._post_said:
+            self._post_said = True
+            advice.post_queued(request, self.crawler.settings.getbool("COOKIES_ENABLED"))
         fingerprint = None
         if not request.dont_filter:
             fingerprint = self.crawler.request_fingerprinter.fingerprint(request)
