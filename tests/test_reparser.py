@@ -368,6 +368,31 @@ def test_a_dry_run_counts_what_a_run_would_do_and_writes_nothing(index, blobs, c
     assert run(False) == preview  # the real run does what the dry run said
 
 
+def test_a_field_an_item_no_longer_has_goes_and_others_annotations_stay(index, caplog):
+    """A new extractor renamed ``price`` to ``price_cents``: the dry run said price would go,
+    the real run kept it beside its successor ($set merged the fields). A field the item
+    never had (a team's own annotation) is not the store's to remove."""
+    items = ItemStore(index.db)
+    now = dt.datetime.now(dt.timezone.utc)
+    url = f"{SHOP}/product/1"
+
+    def entry(**fields):
+        return make_entry({"sku": "S1", "_key": "sku", "_collection": "products", **fields},
+                          None, url, "h1", now)
+
+    items.write_items([entry(name="Kettle", price="$1.00")])
+    index.db.products.update_one({"_id": "S1"}, {"$set": {"checked_by": "ann"}})
+    renamed = entry(name="Kettle", price_cents=100)
+    [(outcome, stored)] = items.preview_items([renamed], {})
+    from webfarm.reparse import describe_change
+    assert describe_change(renamed, stored) == (
+        "products 'S1': price: '$1.00' -> None; price_cents: None -> 100")
+    assert items.write_items([renamed]) == ["changed"]
+    doc = index.db.products.find_one({"_id": "S1"})
+    assert "price" not in doc and doc["price_cents"] == 100 and doc["checked_by"] == "ann"
+    assert doc["item_fields"] == ["name", "price_cents", "sku"]
+
+
 def test_a_write_retried_after_part_of_it_landed_counts_as_its_first_attempt(
         index, blobs, fail_point):
     store_pages(index, blobs, 12, skus=3)

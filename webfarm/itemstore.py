@@ -157,8 +157,9 @@ def index_fields(settings: Any) -> tuple[str, ...]:
 # What the store adds to an item's fields in its document (see ItemStore.write_items).
 STORED_FIELDS = frozenset({"_id", "source_url", "content_hash", "extracted_at",
                            "extractor_version", "item_hash", "changed_at",
-                           "first_extracted_at"})
-_SEEN = {"item_hash": 1, "extracted_at": 1, "first_extracted_at": 1, "changed_at": 1}
+                           "first_extracted_at", "item_fields"})
+_SEEN = {"item_hash": 1, "extracted_at": 1, "first_extracted_at": 1, "changed_at": 1,
+         "item_fields": 1}
 _CREATED_HERE = object()
 _CHANGED_HERE = "(changed by this batch)"  # an item hash no entry has
 
@@ -257,7 +258,7 @@ class ItemStore:
             self._ensure_indexes(name, entries[idx[0]].key_fields)
             coll = self.db[name]
             keys = [entries[i].key for i in idx]
-            seen = _SEEN if retried else {"item_hash": 1}
+            seen = _SEEN if retried else {"item_hash": 1, "item_fields": 1}
             found = {self._k(d["_id"]): d for d in coll.find({"_id": {"$in": keys}}, seen)}
             missing = {self._k(k) for k in keys} - set(found)
             if retried:
@@ -266,7 +267,7 @@ class ItemStore:
                           if (before := _before_batch(d, last[k])) is not _CREATED_HERE}
             else:
                 stored = {k: d.get("item_hash") for k, d in found.items()}
-            docs: dict[str, tuple[Any, dict[str, Any], dt.datetime]] = {}
+            docs: dict[str, tuple[Any, dict[str, Any], dt.datetime, list[str]]] = {}
             for i in idx:
                 entry = entries[i]
                 k = self._k(entry.key)
@@ -274,15 +275,22 @@ class ItemStore:
                 results[i] = _outcome(stored, k, digest)
                 doc = {**entry.fields, "source_url": entry.source_url,
                        "content_hash": entry.content_hash, "extracted_at": entry.extracted_at,
-                       "extractor_version": entry.extractor_version, "item_hash": digest}
+                       "extractor_version": entry.extractor_version, "item_hash": digest,
+                       "item_fields": sorted(entry.fields)}
                 if results[i] != UNCHANGED or k in missing:
                     doc["changed_at"] = entry.extracted_at
-                docs[k] = (entry.key, doc, entry.extracted_at)  # the last one of a key wins
+                # A field the item had and has no more (renamed, dropped by a new extractor)
+                # goes; it stayed, stale, beside its successor. Fields the item never had
+                # (someone's annotations) are not the store's to remove.
+                before = (found.get(k) or {}).get("item_fields") or ()
+                gone = sorted(set(before) - set(entry.fields) - STORED_FIELDS)
+                docs[k] = (entry.key, doc, entry.extracted_at, gone)  # the last one wins
             # Keys read as missing are inserted (half the server's work of an upsert); a
             # duplicate key means another worker inserted it first: upsert those.
             ops: list[WriteOp] = [
                 InsertOne({"_id": key, **doc, "first_extracted_at": at}) if k in missing
-                else self._upsert(key, doc, at) for k, (key, doc, at) in docs.items()]
+                else self._upsert(key, doc, at, gone)
+                for k, (key, doc, at, gone) in docs.items()]
             order, refused = list(docs), {}
             dup = write_unordered(coll, ops, refused)
             if dup:
@@ -323,9 +331,12 @@ class ItemStore:
         return results
 
     @staticmethod
-    def _upsert(key: Any, doc: dict[str, Any], at: dt.datetime) -> UpdateOne:
-        return UpdateOne({"_id": key}, {"$set": doc, "$setOnInsert": {"first_extracted_at": at}},
-                         upsert=True)
+    def _upsert(key: Any, doc: dict[str, Any], at: dt.datetime, gone: list[str] | None = None
+                ) -> UpdateOne:
+        update: dict[str, Any] = {"$set": doc, "$setOnInsert": {"first_extracted_at": at}}
+        if gone:
+            update["$unset"] = dict.fromkeys(gone, "")
+        return UpdateOne({"_id": key}, update, upsert=True)
 
     @staticmethod
     def _k(key: Any) -> str:

@@ -108,7 +108,9 @@ def describe_change(entry: ItemEntry, stored: dict[str, Any] | None, width: int 
         return text if len(text) <= width else text[:width - 3] + "..."
 
     old = stored or {}
-    fields = sorted(set(entry.fields) | {k for k in old if k not in STORED_FIELDS})
+    # The fields the store removes are those the stored item had (``item_fields``, kept
+    # since 2026-12-07); others on the document (someone's annotations) stay: no change.
+    fields = sorted(set(entry.fields) | (set(old.get("item_fields") or ()) - STORED_FIELDS))
     diffs = [f"{name}: {cut(old.get(name))} -> {cut(entry.fields.get(name))}"
              for name in fields if old.get(name) != entry.fields.get(name)]
     same = "(the same fields; stored without item_hash)"
