@@ -32,3 +32,15 @@ def test_o_exports_the_spider_s_items_and_a_feed_can_ask_for_the_pages(web, stor
     # Each page once, under the URL it was requested by (the index keeps it canonical).
     assert sorted(canonical_url(row["url"]) for row in rows) == sorted(web.expected_pages(base))
     assert all(row["status"] == "200" and len(row["content_hash"]) == 64 for row in rows)
+
+
+def test_a_feed_gets_a_dict_s_fields_not_the_item_store_s_control_keys():
+    """``-o members.jsonl`` had ``"_key": "member", "_collection": "h_members"`` in every
+    line of a spider whose dicts name their key and collection."""
+    from webfarm.feeds import without_controls
+
+    item = {"member": "Member 1", "_key": "member", "_collection": "h_members"}
+    assert without_controls(item) == {"member": "Member 1"}
+    assert item["_key"] == "member"  # the item store still gets them
+    plain = {"member": "Member 2"}
+    assert without_controls(plain) is plain

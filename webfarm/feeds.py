@@ -29,8 +29,24 @@ class SpiderItemFilter(ItemFilter):
         return super().accepts(item)
 
 
+#: a dict item's keys that tell the item store where and how to keep it, not data
+CONTROL_KEYS = ("_collection", "_key")
+
+
+def without_controls(item: Any) -> Any:
+    """``item`` without the item store's control keys (a dict's ``_key``, ``_collection``):
+    they were exported as if they were fields."""
+    if isinstance(item, dict) and any(k in item for k in CONTROL_KEYS):
+        return {k: v for k, v in item.items() if k not in CONTROL_KEYS}
+    return item
+
+
 class FeedExporter(ScrapyFeedExporter):
-    """Scrapy's feed exporter with :class:`SpiderItemFilter` as every feed's default."""
+    """Scrapy's feed exporter with :class:`SpiderItemFilter` as every feed's default, and
+    without the item store's control keys in the items it writes."""
 
     def _load_filter(self, feed_options: dict[str, Any]) -> ItemFilter:
         return super()._load_filter({"item_filter": SpiderItemFilter, **feed_options})
+
+    def item_scraped(self, item: Any, spider: Any) -> None:
+        super().item_scraped(without_controls(item), spider)
