@@ -261,3 +261,13 @@ def test_a_spider_with_stores_of_its_own_is_crawled_and_reparsed_there(
     finally:
         client.drop_database(own_db)
         client.close()
+
+
+def test_reparse_of_a_spider_that_keeps_no_pages_says_why_and_fails(stores):
+    """A plain Scrapy spider stores its items but no raw pages: "no stored page of it
+    matched ... (or crawl it first)", exit 0, sent its user to crawl again for nothing."""
+    result = runner.scrapy(["reparse", "test_errbacks", *SPIDERS], runner.env_for(**stores),
+                           timeout=60)
+    assert result.returncode == 2, result.output[-2000:]
+    assert ("test_errbacks is a Spider, not a WebfarmSpider: it stores its items but not its "
+            "raw pages, so there is nothing to re-parse") in result.stderr

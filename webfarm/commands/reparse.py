@@ -137,6 +137,15 @@ class Command(ScrapyCommand):
             except re.error as exc:
                 raise CommandError(f"--url-pattern {opts.url_pattern!r}: {exc}") from None
         spidercls = spider_class(settings, name)
+        if not getattr(spidercls, "tags_item_sources", False):
+            # It stores no raw pages: "no stored page matched ... crawl it first" sent its
+            # user to crawl again, for nothing.
+            base = spidercls.__mro__[1].__name__ if len(spidercls.__mro__) > 1 else "Spider"
+            raise CommandError(
+                f"{name} is a {base}, not a WebfarmSpider: it stores its items but not its "
+                "raw pages, so there is nothing to re-parse. Base it on "
+                "spiders.base.WebfarmSpider and put the extraction in extract() (README: "
+                "Adding a site)")
         check = getattr(spidercls, "check_arguments", None)
         try:
             if check is not None:
