@@ -25,7 +25,7 @@ def test_the_errback_gets_the_error_once_when_the_frontier_gives_up(stores):
         env = runner.env_for(**stores, WEBFARM_IDLE_TIMEOUT="2")
         result = runner.scrapy(
             ["crawl", "test_errbacks", "-a",
-             f"start={base}/busy,{refused},{unresolved},{base}/ok",
+             f"start={base}/busy,{refused},{unresolved},{base}/ok", "-a", "max_pages=3",
              "-s", "SPIDER_MODULES=spiders,tests.spiders", "-s", "WEBFARM_RETRY_TIMES=3",
              "-s", "WEBFARM_RETRY_BACKOFF_BASE=0.05"], env, timeout=120)
         busy_tries = len(web.hits_for(host=base, path="/busy"))
@@ -41,6 +41,9 @@ def test_the_errback_gets_the_error_once_when_the_frontier_gives_up(stores):
     # Failure, which the monitor took for a response (an AttributeError traceback each)
     assert crawlcheck.stat(result.stderr, "item_scraped_count") == 4
     assert "Traceback" not in result.output, result.output[-3000:]
+    # A plain Scrapy spider takes -a max_pages as an attribute nothing reads: said.
+    assert ("-a max_pages is read by WebfarmSpider only; test_errbacks is a Spider, which "
+            "ignores it: use -s CLOSESPIDER_PAGECOUNT=N") in result.output
     # Scrapy's retry stats, as its RetryMiddleware keeps them (monitoring reads them)
     assert crawlcheck.stat(result.stderr, "retry/count") == 6
     assert crawlcheck.stat(result.stderr, "retry/max_reached") == 3

@@ -93,6 +93,22 @@ def say_setting_error(settings: BaseSettings, task: asyncio.Future[Any]) -> None
     traceback.print_exception(exc)
 
 
+#: ``-a`` arguments WebfarmSpider reads; another spider takes them as plain attributes
+WEBFARM_ARGUMENTS = {"max_pages": "-s CLOSESPIDER_PAGECOUNT=N (Scrapy's, per worker)",
+                     "render": "WEBFARM_RENDER or meta['render']",
+                     "render_check": "the spider's render_check attribute"}
+
+
+def warn_webfarm_arguments(spidercls: type, spargs: dict[str, Any]) -> None:
+    """A spider not on WebfarmSpider sets ``-a max_pages=3`` as an attribute nothing reads:
+    a trial run crawled the whole site without a word."""
+    for name in sorted(set(spargs) & set(WEBFARM_ARGUMENTS)):
+        logging.getLogger(__name__).warning(
+            "webfarm: -a %s is read by WebfarmSpider only; %s is a %s, which ignores it: "
+            "use %s", name, getattr(spidercls, "name", "the spider"),
+            spidercls.__mro__[1].__name__, WEBFARM_ARGUMENTS[name])
+
+
 def prepare(settings: BaseSettings, spidercls: type | None, opts: argparse.Namespace) -> int:
     """What ``scrapy crawl`` and ``scrapy runspider`` check before a worker starts: the
     spider (its ``-a`` arguments, a ``start_requests()`` Scrapy would not call), then the
@@ -108,6 +124,8 @@ def prepare(settings: BaseSettings, spidercls: type | None, opts: argparse.Names
                 spidercls, "check_arguments", None)
             if check is not None:
                 check(**opts.spargs)
+            else:
+                warn_webfarm_arguments(spidercls, opts.spargs)
         except ValueError as exc:
             print(f"webfarm: {name}: {exc}", file=sys.stderr)
             if settings.get("LOG_FILE"):  # scrapyd: the job's log must say why, too
