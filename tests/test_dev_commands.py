@@ -62,6 +62,20 @@ def test_scrapy_parse_shows_a_page_s_items_and_links_and_queues_nothing(dev_web,
     assert frontier_keys(redis_url) == []  # nothing joined the fleet's crawl
 
 
+def test_scrapy_parse_without_pipelines_stores_nothing(dev_web, stores, mongo_db):
+    """A WebfarmSpider whose own parse calls super().parse(): its page record reached the
+    storage pipelines without --pipelines (the page indexed, its refetch scheduled, and a
+    URL with a test query the source of the product's stored item)."""
+    base = dev_web.base_urls[0]
+    product = min(u for u in dev_web.expected_pages(base) if u.startswith(f"{base}/product/"))
+    result = run(stores, "parse", "--spider=test_extended_parse", "-a", f"start={base}/",
+                 "-s", "SPIDER_MODULES=spiders,tests.spiders", f"{product}?zz=1")
+    assert result.returncode == 0, result.output[-3000:]
+    assert "# Scraped Items" in result.stdout
+    stored = {c: mongo_db[c].count_documents({}) for c in mongo_db.list_collection_names()}
+    assert not any(stored.values()), stored
+
+
 class SlowPipeline:
     """A project's pipeline that takes its time (an API lookup, say)."""
 

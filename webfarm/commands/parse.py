@@ -27,6 +27,16 @@ def shown(item: Any) -> Any:
 
 
 class Command(FromStore, ScrapyCommand):
+    def process_options(self, args: list[str], opts: argparse.Namespace) -> None:
+        super().process_options(args, opts)
+        if not opts.pipelines:
+            # Scrapy's parse stores nothing without --pipelines. The page record a
+            # WebfarmSpider's own parse yields reached webfarm's storage pipelines anyway:
+            # the page was indexed (its refetch schedule begun), and a URL with a test
+            # query became the source of the product's stored item.
+            for name in ("ITEM_PIPELINES_BASE", "ITEM_PIPELINES"):
+                self.settings.set(name, {}, priority="cmdline")
+
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         # Scrapy's parse wraps the spider's callback in one that returns a Deferred, and
         # Scrapy 2.19 warns about that once per run as if the spider did it: not the
