@@ -186,6 +186,9 @@ EXTENSIONS_BASE = {
     # -o / FEEDS export the spider's items, not its PageItems (webfarm/feeds.py)
     "scrapy.extensions.feedexport.FeedExporter": None,
     "webfarm.feeds.FeedExporter": 0,
+    # CLOSESPIDER_ITEMCOUNT / _TIMEOUT_NO_ITEM count the spider's items, not page records
+    "scrapy.extensions.closespider.CloseSpider": None,
+    "webfarm.feeds.CloseSpider": 0,
     "webfarm.throttle.HostThrottle": 500,
     # AUTOTHROTTLE_ENABLED: the shared rule above does it (Scrapy's with it switched off)
     "scrapy.extensions.throttle.AutoThrottle": None,

@@ -44,3 +44,23 @@ def test_a_feed_gets_a_dict_s_fields_not_the_item_store_s_control_keys():
     assert item["_key"] == "member"  # the item store still gets them
     plain = {"member": "Member 2"}
     assert without_controls(plain) is plain
+
+
+def test_closespider_itemcount_counts_the_spider_s_items_not_page_records():
+    """CLOSESPIDER_ITEMCOUNT=10 closed a webfarm crawl at its tenth page (each page yields
+    a record for storage), with 3 products exported."""
+    from scrapy import Spider
+    from scrapy.utils.test import get_crawler
+
+    from webfarm.feeds import CloseSpider
+    from webfarm.items import PageItem
+
+    crawler = get_crawler(Spider, {"CLOSESPIDER_ITEMCOUNT": 10})
+    ext = CloseSpider.from_crawler(crawler)
+    spider = Spider("shop")
+    for n in range(9):
+        page = PageItem(url=f"http://shop.test/{n}", final_url=f"http://shop.test/{n}",
+                        host="shop.test", spider="shop", status=200, body=b"")
+        ext.item_scraped(page, spider)
+        ext.item_scraped({"sku": n}, spider)
+    assert ext.counter["itemcount"] == 9  # nine products; the nine pages not counted

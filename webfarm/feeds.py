@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scrapy.extensions.closespider import CloseSpider as ScrapyCloseSpider
 from scrapy.extensions.feedexport import FeedExporter as ScrapyFeedExporter
 from scrapy.extensions.feedexport import ItemFilter
 
@@ -50,3 +51,18 @@ class FeedExporter(ScrapyFeedExporter):
 
     def item_scraped(self, item: Any, spider: Any) -> None:
         super().item_scraped(without_controls(item), spider)
+
+
+class CloseSpider(ScrapyCloseSpider):
+    """Scrapy's ``CLOSESPIDER_*`` extension counting the spider's items only: a webfarm
+    spider yields a page record for every page too, so ``CLOSESPIDER_ITEMCOUNT=10``
+    stopped a crawl at its tenth page, with 3 products exported, and
+    ``CLOSESPIDER_TIMEOUT_NO_ITEM`` never fired while pages came."""
+
+    def item_scraped(self, item: Any, spider: Any) -> None:
+        if not isinstance(item, PageItem):
+            super().item_scraped(item, spider)
+
+    def item_scraped_no_item(self, item: Any, spider: Any) -> None:
+        if not isinstance(item, PageItem):
+            super().item_scraped_no_item(item, spider)
