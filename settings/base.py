@@ -136,6 +136,12 @@ RETRY_ENABLED = True
 # custom_settings, -s, scrapyd's setting=) adds to them. Replacing them dropped the SSRF
 # guard, robots.txt, the frontier's retries and politeness without a word.
 # Items of spiders not based on WebfarmSpider (CrawlSpider, SitemapSpider) keep their page's URL.
+# `scrapy check`: @returns and @scrapes see the spider's items, not its page records.
+SPIDER_CONTRACTS_BASE = {**_scrapy.SPIDER_CONTRACTS_BASE,
+                         "scrapy.contracts.default.ReturnsContract": None,
+                         "scrapy.contracts.default.ScrapesContract": None,
+                         "webfarm.contracts.ReturnsContract": 2,
+                         "webfarm.contracts.ScrapesContract": 3}
 # A UTF-16 page's links get UTF-8 requests, before RefererMiddleware (700) sets a header.
 SPIDER_MIDDLEWARES_BASE = {**_scrapy.SPIDER_MIDDLEWARES_BASE,
                            "middlewares.limits.LinkEncodingMiddleware": 710,

@@ -218,29 +218,38 @@ def test_scrapy_shell_fetches_and_fetches_again(dev_web, stores):
 
 PROBE = '''import scrapy
 
+from spiders.base import WebfarmSpider
 
-class ProbeSpider(scrapy.Spider):
+
+class ProbeSpider({base}):
     name = "probe"
 
-    def parse(self, response):
+    def parse(self, response, **kwargs):
         """@url {url}
         @returns items 1 1
         @scrapes {fields}
         """
-        yield {{"sku": response.css(".sku::text").re_first(r"SKU:\\s*(\\S+)")}}
+        {page}yield {{"sku": response.css(".sku::text").re_first(r"SKU:\\s*(\\S+)")}}
 '''
 
 
-@pytest.mark.parametrize(("fields", "passes"), [("sku", True), ("sku name", False)])
-def test_scrapy_check_runs_a_spider_s_contracts(dev_web, stores, tmp_path, fields, passes):
+@pytest.mark.parametrize(("fields", "passes", "kind"), [
+    ("sku", True, "scrapy.Spider"), ("sku name", False, "scrapy.Spider"),
+    # its parse yields the page's record too: "Returned 2 items", "Missing fields: sku"
+    ("sku", True, "WebfarmSpider")])
+def test_scrapy_check_runs_a_spider_s_contracts(dev_web, stores, tmp_path, fields, passes,
+                                                kind):
     """On the frontier ``check`` ran no contract and said OK; here a contract the page
     meets passes and one it does not (no ``name``) fails."""
     base = dev_web.base_urls[0]
     product = min(u for u in dev_web.expected_pages(base) if u.startswith(f"{base}/product/"))
     (tmp_path / "probespiders").mkdir()
     (tmp_path / "probespiders" / "__init__.py").write_text("")
+    page = "yield from super().parse(response, **kwargs)\n        " if kind != "scrapy.Spider" \
+        else ""
     (tmp_path / "probespiders" / "probe.py").write_text(PROBE.format(url=product,
-                                                                     fields=fields))
+                                                                     fields=fields, base=kind,
+                                                                     page=page))
     result = run(stores, "check", "probe", "-s", "SPIDER_MODULES=probespiders",
                  PYTHONPATH=str(tmp_path))
     assert "Ran 2 contracts" in result.stderr, result.output[-3000:]
