@@ -197,8 +197,11 @@ class Recrawler:
         # An empty frontier (reset since, or the refetches dead-lettered) holds none of
         # the pages an earlier round marked queued: they were skipped as "still queued"
         # for up to their refetch interval, a day or more.
-        counts = self.frontier.counts()
-        holds = bool(counts["queued"] or counts["delayed"] or counts["leased"])
+        try:
+            counts = self.frontier.counts()
+            holds = bool(counts["queued"] or counts["delayed"] or counts["leased"])
+        except redis.RedisError:  # cannot tell (a read-only user's --dry-run): marks hold
+            holds = True
         due, skipped = due_pages(self.pages, self.spider, now or wall, limit, wall, self.keep,
                                  queued_marks=holds)
         if dry_run or not due:
