@@ -33,15 +33,44 @@ def _env(name: str, default: str = "", setting: str = "") -> str:
 
 
 def _env_bool(name: str, default: bool) -> bool:
-    """Variable ``name`` as a boolean; one that does not read as one stops the process (a
-    slip like ``WEBFARM_SSRF_GUARD=disabled`` left the guard on without a word)."""
-    raw = _env(name).lower()
-    if not raw:
-        return default
-    if raw not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        raise SystemExit(f"{name}={raw!r} (the environment) is not a boolean (true/false, "
-                         f"1/0) for {name}; unset it or give one")
-    return raw in ("1", "true", "yes", "on")
+    """Variable ``name`` as a boolean, read as every setting's is (:func:`_typed`): one that
+    does not read as one stops the process (``WEBFARM_SSRF_GUARD=disabled`` left the guard
+    on without a word)."""
+    raw = _env(name)
+    return bool(_typed(name, name, raw, default)) if raw else default
+
+
+def _typed(setting: str, variable: str, raw: str, default: object) -> object:
+    """``raw`` as its setting's type (the type of its default here or in Scrapy); a value
+    that does not read as one stops the process with what to give."""
+    low = raw.lower()
+    try:
+        if isinstance(default, bool):
+            if low in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                return low in ("1", "true", "yes", "on")
+            kind = "a boolean (true/false, 1/0)"
+        elif isinstance(default, int) and setting.startswith("WEBFARM_"):
+            kind = "a whole number"
+            return int(raw)
+        elif isinstance(default, float):  # a float stays one: the start-up check reads
+            kind = "a number"             # a setting by its value's type
+            return float(raw)
+        elif isinstance(default, int):  # Scrapy's counts: it reads some of them as floats
+            kind = "a number"
+            return int(raw) if raw.lstrip("-").isdigit() else float(raw)
+        elif isinstance(default, (dict, list, tuple)):
+            kind = "JSON" + (" (an object)" if isinstance(default, dict) else " (a list)")
+            if not isinstance(default, dict) and not raw.startswith("["):
+                return raw  # comma-separated, as -s gives it (getlist splits it)
+            value = _json.loads(raw)
+            if isinstance(value, dict) == isinstance(default, dict):
+                return value
+        else:
+            return raw
+    except ValueError:
+        pass
+    raise SystemExit(f"{variable}={raw!r} (the environment) is not {kind} for {setting}; "
+                     "unset it or give one")
 
 
 BOT_NAME = "webfarm"
@@ -412,39 +441,6 @@ def _env_name(name: str) -> str:
     ``NAME`` from ``WEBFARM_NAME``, so a ``LOG_LEVEL`` or ``USER_AGENT`` a container sets
     for other programs is not taken for a crawler setting by accident."""
     return name if name.startswith("WEBFARM_") else f"WEBFARM_{name}"
-
-
-def _typed(setting: str, variable: str, raw: str, default: object) -> object:
-    """``raw`` as its setting's type (the type of its default here or in Scrapy); a value
-    that does not read as one stops the process with what to give."""
-    low = raw.lower()
-    try:
-        if isinstance(default, bool):
-            if low in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-                return low in ("1", "true", "yes", "on")
-            kind = "a boolean (true/false, 1/0)"
-        elif isinstance(default, int) and setting.startswith("WEBFARM_"):
-            kind = "a whole number"
-            return int(raw)
-        elif isinstance(default, float):  # a float stays one: the start-up check reads
-            kind = "a number"             # a setting by its value's type
-            return float(raw)
-        elif isinstance(default, int):  # Scrapy's counts: it reads some of them as floats
-            kind = "a number"
-            return int(raw) if raw.lstrip("-").isdigit() else float(raw)
-        elif isinstance(default, (dict, list, tuple)):
-            kind = "JSON" + (" (an object)" if isinstance(default, dict) else " (a list)")
-            if not isinstance(default, dict) and not raw.startswith("["):
-                return raw  # comma-separated, as -s gives it (getlist splits it)
-            value = _json.loads(raw)
-            if isinstance(value, dict) == isinstance(default, dict):
-                return value
-        else:
-            return raw
-    except ValueError:
-        pass
-    raise SystemExit(f"{variable}={raw!r} (the environment) is not {kind} for {setting}; "
-                     "unset it or give one")
 
 
 def _from_environment(namespace: dict[str, object]) -> dict[str, str]:
