@@ -312,13 +312,7 @@ class Evaluator:
     # -- state, cooldown, notifications ------------------------------------------------------
 
     def _states(self) -> dict[str, dict]:
-        out = {}
-        for k, v in self.server.hgetall(self.state_key).items():
-            try:
-                out[k.decode()] = json.loads(v)
-            except ValueError:
-                continue
-        return {k: v for k, v in out.items() if v.get("status") == "firing"}
+        return firing_states(self.server, self.state_key)
 
     def apply(self, findings: list[Finding]) -> None:
         now = self.store.now()
@@ -364,25 +358,29 @@ class Evaluator:
         return self._states()
 
 
+def firing_states(server: Any, key: str) -> dict[str, dict]:
+    """The state of each alert firing now, by id (``webfarm:{SPIDER}:alerts``)."""
+    out = {}
+    for k, v in server.hgetall(key).items():
+        state = _letter(v)
+        if state is not None and state.get("status") == "firing":
+            out[k.decode()] = state
+    return out
+
+
 def resolve_all(frontier: Frontier, notifier: Notifier, why: str) -> int:
     """Announce the end of every alert firing in ``frontier`` (before a reset deletes their
     state: a receiver never heard they ended); how many."""
-    server = frontier.server
     now = time.time()
-    ended = 0
-    for key, value in server.hgetall(frontier.key("alerts")).items():
-        state = _letter(value)
-        if not state or state.get("status") != "firing":
-            continue
-        fid = key.decode()
+    firing = firing_states(frontier.server, frontier.key("alerts"))
+    for fid, state in firing.items():
         alert, _, host = fid.partition(":")
         finding = Finding(fid, alert, False, f"{state.get('summary', '')} ({why})",
                           host=host or None)
         if state.get("notified"):
             notifier.send(notifier.payload(finding, "resolved", float(state.get("since") or
                                                                         now), now))
-        ended += 1
-    return ended
+    return len(firing)
 
 
 def _letter(raw: bytes) -> dict | None:

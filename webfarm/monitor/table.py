@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from webfarm.frontier import Frontier
+from webfarm.monitor.alerts import firing_states
 from webfarm.monitor.metrics import GAUGES, Figures, MetricsStore, Window
 
 DEFAULT_LIMIT = 50  # rows of the text table (JSON has every host)
@@ -57,16 +57,8 @@ def trend(window: Window) -> dict[str, dict[str, Any]]:
 
 def alerts_firing(server: Any, key: str) -> list[dict[str, Any]]:
     """The alerts firing now (their state is in Redis), by id."""
-    firing = []
-    for raw_id, value in server.hgetall(key).items():
-        try:
-            state = json.loads(value)
-        except ValueError:
-            continue
-        if state.get("status") == "firing":
-            firing.append({"id": raw_id.decode(), "since": state.get("since"),
-                           "summary": state.get("summary")})
-    return sorted(firing, key=lambda a: a["id"])
+    return [{"id": fid, "since": state.get("since"), "summary": state.get("summary")}
+            for fid, state in sorted(firing_states(server, key).items())]
 
 
 def spider_figures(window: Window) -> dict[str, Any]:
