@@ -215,14 +215,15 @@ OPS.purge_dead = function()
   return n
 end
 
+-- A host's next-allowed time becomes max(current, at), queued or not.
+local function hold_until(host, at)
+  local key = redis.call('ZSCORE', K_READY, host) and K_READY or K_COOL
+  redis.call('ZADD', key, 'GT', at, host)
+end
+
 -- defer: ARGV 3 host, 4 ms -> next-allowed = max(current, now + ms)
 OPS.defer = function()
-  local host, at = ARGV[3], NOW + tonumber(ARGV[4])
-  if redis.call('ZSCORE', K_READY, host) then
-    redis.call('ZADD', K_READY, 'GT', at, host)
-  else
-    redis.call('ZADD', K_COOL, 'GT', at, host)
-  end
+  hold_until(ARGV[3], NOW + tonumber(ARGV[4]))
   return 1
 end
 
@@ -242,8 +243,7 @@ OPS.arrive = function()
     if ms and who ~= id then at = math.max(NOW, tonumber(ms) + delay) end
   end
   redis.call('HSET', K_ARRIVED, host, fmt_int(at) .. ' ' .. id)
-  local key = redis.call('ZSCORE', K_READY, host) and K_READY or K_COOL
-  redis.call('ZADD', key, 'GT', at + delay, host)
+  hold_until(host, at + delay)
   return fmt_int(at - NOW)
 end
 
