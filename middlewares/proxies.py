@@ -273,7 +273,7 @@ class ProxyMiddleware:
         if blame:
             raise RetryLater(f"proxy: {reason} through {self._tried(request, pid)}",
                              status=response.status, response=response)
-        if await self.pool.host_ok_elsewhere(host, ""):
+        if await self.pool.host_ok_elsewhere(host):
             return response  # the site's consistent answer through several proxies
         # No proxy has fetched this host fine: the proxies may be what refuses (one that
         # answers 403 to everything). Handed on, the page was lost as the site's answer.

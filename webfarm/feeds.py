@@ -7,6 +7,9 @@ storage pipelines keep it; Scrapy's feeds export every item, and a page's raw bo
 were written. Pages live in the index and the blob store; a feed gets them only when its
 ``item_classes`` name ``webfarm.items.PageItem`` (give it ``fields`` without ``body``
 for JSON). A feed with an ``item_filter`` of its own keeps it.
+
+Scrapy's ``CLOSESPIDER_*`` extension counts items too, so :class:`CloseSpider` is here
+as well: it counts the spider's items, not the page records.
 """
 
 from __future__ import annotations

@@ -303,8 +303,9 @@ class ProxyPool:
         except REDIS_FAILURES as exc:
             logger.warning("proxy health: Redis write failed: %s", exc)
 
-    async def host_ok_elsewhere(self, host: str, pid: str) -> bool:
-        """Did another proxy fetch ``host`` fine within ``host_window`` seconds?"""
+    async def host_ok_elsewhere(self, host: str, pid: str = "") -> bool:
+        """Did a proxy other than ``pid`` (any, without one) fetch ``host`` fine within
+        ``host_window`` seconds?"""
         since = self.clock() - self.host_window
         local = self._host_ok.get(host) or {}
         if any(other != pid and ts >= since for other, ts in local.items()):
