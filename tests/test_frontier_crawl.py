@@ -52,7 +52,10 @@ def wait_until(check, timeout: float, what: str) -> None:
 
 
 def page_hits(web, base):
-    return [h for h in web.hits_for(host=base) if h.path != "/robots.txt"]
+    """The host's page requests. Not /favicon.ico: Chromium asks for it by itself once a
+    page has loaded, and Playwright aborts it, but a page closed at that moment lets it out
+    now and then (3 renders in about 800 here, on a busy machine; see the README)."""
+    return [h for h in web.hits_for(host=base) if h.path not in ("/robots.txt", "/favicon.ico")]
 
 
 @pytest.mark.parametrize("setting", ["WEBFARM_HOST_DELAY", "DOWNLOAD_DELAY, DOWNLOAD_SLOTS"])
@@ -82,15 +85,21 @@ def test_two_workers_keep_the_host_delay_at_the_server(paced_shop, stores, tmp_p
              runner.popen(args, env, tmp_path / "b.log")]
     assert [p.wait(180) for p in procs] == [0, 0]
     for base, delay in delays.items():
-        hits = sorted(h.monotonic for h in page_hits(shop, base))
+        seen = sorted(page_hits(shop, base), key=lambda h: h.monotonic)
+        hits = [h.monotonic for h in seen]
         gaps = [b - a for a, b in zip(hits, hits[1:], strict=False)]
-        assert len(hits) == len(shop.expected_pages(base))  # every page once, none twice
-        # Measured at the server. Between hand-out and arrival a request may wait for a
-        # busy CPU (two workers, their helpers and the servers share 2 cores), so one gap
-        # may be shorter by that wait. Were each worker to keep only its own delay, half
-        # would be.
-        short = [g for g in gaps if g < delay * 0.9]
-        assert len(short) <= 1 and min(gaps) >= delay * 0.75, (base, sorted(gaps)[:5])
+        assert len(hits) == len(shop.expected_pages(base)), " ".join(  # every page once
+            h.path for h in seen)
+        # Measured at the server. Between its turn and its arrival a request may wait for a
+        # busy CPU (two workers, their helpers, browsers and the servers share 2 cores): it
+        # comes late, and the next one, on its own turn, comes early after it. So one gap
+        # may be short, if the gap before it makes up for it (CI once saw 1.85 s, 0.16 s):
+        # the host still had no more than two requests in two delays. Were each worker to
+        # keep only its own delay, half the gaps would be short.
+        short = [i for i, g in enumerate(gaps) if g < delay * 0.9]
+        assert len(short) <= 1, (base, sorted(gaps)[:5])
+        assert all(i > 0 and gaps[i - 1] + gaps[i] >= 2 * delay * 0.9 for i in short), (
+            base, gaps)
     dequeued = [json_stat(tmp_path / log, "webfarm/frontier/dequeued") for log in ("a.log",
                                                                                    "b.log")]
     assert all(n > 0 for n in dequeued), dequeued  # both workers took part
