@@ -53,8 +53,8 @@ def wait_until(check, timeout: float, what: str) -> None:
 
 def page_hits(web, base):
     """The host's page requests. Not /favicon.ico: Chromium asks for it by itself once a
-    page has loaded, and Playwright aborts it, but a page closed at that moment lets it out
-    now and then (3 renders in about 800 here, on a busy machine; see the README)."""
+    page has loaded, and Playwright aborts it, but it gets out now and then (3 renders in
+    about 800 here, as it seems when the page closes at that moment; see the README)."""
     return [h for h in web.hits_for(host=base) if h.path not in ("/robots.txt", "/favicon.ico")]
 
 
