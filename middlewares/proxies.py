@@ -24,8 +24,10 @@ format, the ids and the health shared through Redis). Per request:
   ``RetryLater`` (the frontier backs off and dead-letters in the end); if
   only the site refused, its last response goes on down the chain, so robots
   (4xx = allow all), Retry-After and the retry policy see the site's answer.
-  With no healthy proxy at all the request gets ``RetryLater`` (with the delay
-  until the first cooldown ends); it is never fetched without a proxy.
+  With no healthy proxy at all the request gets ``RetryLater(spend=False)``: back to
+  the frontier until the first cooldown ends (every proxy retired: for
+  ``WEBFARM_PROXY_BACKOFF_BASE``), spending no attempt, as it was not sent; it is never
+  fetched without a proxy.
 
 Credentials never leave this process: ids in logs, stats and Redis; the
 browser context's ``proxy`` kwargs are taken out of ``meta`` as soon as the
@@ -36,6 +38,7 @@ redirect or queued entry carries them.
 from __future__ import annotations
 
 import logging
+import random
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, signals
@@ -119,6 +122,8 @@ class ProxyMiddleware:
         self.ban_markers = [m.lower().encode("utf-8")
                             for m in settings.getlist("WEBFARM_PROXY_BAN_MARKERS", []) if m]
         self.retry_times = settings.getint("WEBFARM_PROXY_RETRY_TIMES", 3)
+        # With every proxy retired, a request looks again after a first cooldown's time.
+        self.retired_wait = settings.getfloat("WEBFARM_PROXY_BACKOFF_BASE", 30.0)
         self.browser_bypass = settings.get("WEBFARM_PROXY_BROWSER_BYPASS", "") or ""
         self._healthy_seen: list[str] | None = None
         self._all_retired_logged = False
@@ -229,6 +234,8 @@ class ProxyMiddleware:
         healthy = self.pool.healthy_ids()
         if healthy:  # every healthy one was tried for this request already
             raise RetryLater(f"proxy: banned through every healthy proxy ({', '.join(tried)})")
+        # Not sent: no attempt spent. Before, each such turn spent one, and a crawl whose
+        # proxies were all retired emptied its frontier into the dead-letter queue.
         comes_back = self.pool.next_available()
         if comes_back is None:
             if not self._all_retired_logged:
@@ -236,9 +243,11 @@ class ProxyMiddleware:
                 logger.error("every proxy is retired (%s); requests wait in the frontier. "
                              "Fix or replace them, then delete their webfarm:proxies:<id> keys",
                              ", ".join(self.pool.order))
-            raise RetryLater("proxy: every proxy is retired")
+            raise RetryLater("proxy: every proxy is retired", spend=False,
+                             delay=round(self.retired_wait * random.uniform(1.0, 1.1), 3))
         delay = max(0.0, comes_back - self.pool.clock())
-        raise RetryLater("proxy: every proxy is cooling down", delay=round(delay, 3))
+        raise RetryLater("proxy: every proxy is cooling down", delay=round(delay, 3),
+                         spend=False)
 
     # -- outcomes ----------------------------------------------------------------------------
 

@@ -703,3 +703,53 @@ def test_scrapy_frontier_shows_each_proxy_s_health(redis_url):
                      r"status 403\)", text), text
     assert ("  gone  retired (2 in a row; last: 407 proxy authentication required); fix it, "
             "then delete webfarm:proxies:gone") in text
+
+
+def test_with_every_proxy_retired_pages_wait_and_go_on_once_one_is_back(
+        web, redis_url, mongo_uri, mongo_db_name, tmp_path):
+    """A turn of a request that found no proxy to go through spent an attempt, though it
+    was never sent: with its only proxy retired, a crawl emptied its frontier into the
+    dead-letter queue ("gave up after 4 attempts: proxy: every proxy is retired") while
+    the log and the README said its requests wait in the frontier."""
+    from tests import crawlcheck
+
+    base = web.base_urls[1]
+    r = redis.Redis.from_url(redis_url)
+    env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri, MONGO_DATABASE=mongo_db_name,
+                         BLOB_STORE_URI=(tmp_path / "blobs").as_uri(), WEBFARM_RENDER="http")
+    with ProxyServer("ok") as gate:
+        env["WEBFARM_PROXIES"] = f"{gate.url}#gate"
+        args = ["crawl", "generic", "-a", f"start={base}/", "-s", "WEBFARM_HOST_DELAY=0.05",
+                "-s", "WEBFARM_PROXY_MAX_FAILURES=1", "-s", "WEBFARM_PROXY_BACKOFF_BASE=0.2",
+                "-s", "WEBFARM_PROXY_HEALTH_REFRESH=0.2", "-s", "WEBFARM_RETRY_TIMES=4",
+                "-s", "WEBFARM_RETRY_BACKOFF_BASE=0.05"]
+        worker = runner.popen(args, env, tmp_path / "worker.log")
+        try:
+            servers.wait_for(lambda: len(web.hits_for(host=base)) >= 4, 60, "a first few pages")
+            gate.mode = "refuse"  # the proxy goes down: retired at its first failure
+            servers.wait_for(lambda: r.hget("webfarm:proxies:gate", "retired") == b"1", 30,
+                             "the proxy retired")
+            time.sleep(2)  # about ten turns of each waiting page: 4 attempts, twice over
+            assert crawlcheck.dead_letters(redis_url) == {}
+            c = frontier_of_counts(redis_url)
+            assert c["queued"] + c["delayed"] + c["leased"] > 0  # they wait there
+            gate.mode = "ok"  # fixed; deleting its key brings it back, as the log says
+            r.delete("webfarm:proxies:gate")
+            assert worker.wait(120) == 0
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait(10)
+    log = (tmp_path / "worker.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+    assert log.count("every proxy is retired (gate); requests wait in the frontier") == 1
+    db = pymongo.MongoClient(mongo_uri)[mongo_db_name]
+    assert {d["url"] for d in db.pages.find()} == web.expected_pages(base)
+    assert crawlcheck.dead_letters(redis_url) == {}
+    assert stats_from(log)["webfarm/frontier/waited"] > 0
+
+
+def frontier_of_counts(redis_url):
+    from tests import crawlcheck
+
+    return crawlcheck.frontier(redis_url, "generic").counts()

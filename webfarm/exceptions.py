@@ -40,16 +40,19 @@ class RetryLater(IgnoreRequest):
     ``delay`` None means: exponential backoff with full jitter from the attempt
     count. After ``WEBFARM_RETRY_TIMES`` attempts the request is dead-lettered, and the
     spider gets what Scrapy would hand it then: ``response`` (a 503), or the error this
-    was raised ``from`` (a refused connection), else this.
+    was raised ``from`` (a refused connection), else this. ``spend=False``: the request
+    was never sent (no proxy to send it through), so it spends no attempt and is never
+    given up for it; it comes back after ``delay``.
     """
 
     def __init__(
         self, reason: str, *, delay: float | None = None, status: int | None = None,
-        error: str | None = None, response: Response | None = None,
+        error: str | None = None, response: Response | None = None, spend: bool = True,
     ):
         super().__init__(reason)
         self.reason = reason
         self.delay = delay
+        self.spend = spend
         self.status = status
         self.error = error
         self.response = response

@@ -63,7 +63,7 @@ class LeaseEnds:
             if self._retried(result, request):
                 # As Scrapy's RetryMiddleware: the spider (an errback) hears of a failure
                 # once, when the request is given up, and of the error itself.
-                if not self._last_try(request):
+                if not self._last_try(request) or not _spends(result.value):
                     return self._finished_passthrough(succeed(None), request, result)
                 shown = given_up(result, request)
             d = original(shown, request)
@@ -89,6 +89,10 @@ class LeaseEnds:
         exc = result.value if isinstance(result, Failure) else None
         if isinstance(exc, DeadLetter):
             self._dead(lease, request, exc.reason, exc.status, exc.error)
+        elif isinstance(exc, RetryLater) and not exc.spend:  # never sent: no attempt spent
+            self._inc("webfarm/frontier/waited")
+            self.link.op("retry", self.frontier._retry_args(lease, exc.delay or 0.0,
+                                                            exc.reason, spend=False))
         elif isinstance(exc, RetryLater):
             self._retry(lease, request, exc.reason, exc.delay, exc.status, exc.error,
                         retry_reason(exc))
@@ -168,3 +172,9 @@ class LeaseEnds:
         self._inc("webfarm/frontier/dead")
         assert self.link is not None and self.frontier is not None
         self.link.op("dead", self.frontier._dead_args(lease, reason, status=status, error=error))
+
+
+def _spends(exc: BaseException) -> bool:
+    """Whether ``exc`` costs its request an attempt: all but a ``RetryLater`` of a request
+    that was never sent."""
+    return not isinstance(exc, RetryLater) or exc.spend

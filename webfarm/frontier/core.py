@@ -355,21 +355,24 @@ class Frontier(FrontierReads):
         """Give back every lease ``worker`` holds."""
         return int(self._call("release_worker", worker))
 
-    def retry(self, lease_id: str, delay: float, reason: str, payload: str | None = None) -> bool:
+    def retry(self, lease_id: str, delay: float, reason: str, payload: str | None = None,
+              spend: bool = True) -> bool:
         """Put a leased entry in the delayed set, due in ``delay`` s (see :func:`backoff`).
 
-        Its attempts count goes up by one; ``payload`` replaces the stored one if given.
+        Its attempts count goes up by one (``spend``: not for a request never sent);
+        ``payload`` replaces the stored one if given.
         False when the lease is no longer held (expired and handed out again): then the
         entry is already back in the frontier and nothing is done.
         """
-        return bool(self._call("retry", *self._retry_args(lease_id, delay, reason, payload)))
+        return bool(self._call("retry", *self._retry_args(lease_id, delay, reason, payload,
+                                                          spend)))
 
     @staticmethod
-    def _retry_args(lease_id: str, delay: float, reason: str, payload: str | None = None
-                    ) -> list[Any]:
+    def _retry_args(lease_id: str, delay: float, reason: str, payload: str | None = None,
+                    spend: bool = True) -> list[Any]:
         has = payload is not None
         return [lease_id, max(0, round(delay * 1000)), reason, b"1" if has else b"0",
-                payload or ""]
+                payload or "", b"1" if spend else b"0"]
 
     def dead(
         self,

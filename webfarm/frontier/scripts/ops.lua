@@ -145,7 +145,8 @@ OPS.release_worker = function()
   return n
 end
 
--- retry: ARGV 3 lease id, 4 delay ms, 5 reason, 6 has payload, 7 payload. 1 = done, 0 = no lease
+-- retry: ARGV 3 lease id, 4 delay ms, 5 reason, 6 has payload, 7 payload, 8 '0' when the
+-- request was never sent (it spends no attempt). 1 = done, 0 = no lease
 OPS.retry = function()
   local rec = unlease(ARGV[3], true)
   if not rec then return 0 end
@@ -156,7 +157,8 @@ OPS.retry = function()
   end
   local seq, att, first, payload = parse_member(member)
   if ARGV[6] == '1' then payload = ARGV[7] end
-  member = seq .. ':' .. fmt_int(tonumber(att) + 1) .. ':' .. first .. ':' .. payload
+  local spent = ARGV[8] == '0' and 0 or 1
+  member = seq .. ':' .. fmt_int(tonumber(att) + spent) .. ':' .. first .. ':' .. payload
   redis.call('ZADD', K_DELAYED, NOW + tonumber(ARGV[4]),
              host .. ' ' .. fmt_int(prio) .. ' ' .. member)
   redis.call('HINCRBY', K_STATS, 'retried', 1)
