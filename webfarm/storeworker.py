@@ -416,6 +416,12 @@ def main() -> None:
         if callable(close):
             with contextlib.suppress(Exception):
                 close()
+    # Every reply is written and every store closed: nothing is left to do, and the
+    # interpreter's own exit joins pymongo's monitor threads, which wake only every 0.5 s
+    # (measured: 0.57 s of every crawl's close, which waits for this helper).
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
