@@ -270,3 +270,37 @@ def test_a_setting_given_with_s_still_wins(command):
     cmd.process_options([], opts)
     assert cmd.settings["SCHEDULER"] == "scrapy.core.scheduler.Scheduler"
     assert cmd.settings.getbool("WEBFARM_METRICS") is True  # -s beat the local default
+
+
+PLAIN_SPIDER = '''import scrapy
+
+
+class PlainSpider(scrapy.Spider):
+    name = "plain"
+    start_urls = [{start!r}]
+
+    def parse(self, response):
+        yield {{"title": response.css("title::text").get()}}
+        yield from response.follow_all(css="a")
+'''
+
+
+def test_a_scrapy_style_spider_run_again_says_why_it_fetched_only_its_start_url(
+        dev_web, stores, tmp_path):
+    """Run again, a Scrapy spider fetches its start URL (Scrapy's start requests are
+    dont_filter) and finds every link seen by the frontier: it stopped after one page,
+    with no word of why (the "fetched nothing" advice needs nothing fetched)."""
+    base = dev_web.base_urls[0]
+    path = tmp_path / "plain.py"
+    path.write_text(PLAIN_SPIDER.format(start=f"{base}/"))
+    first = run(stores, "runspider", str(path))
+    assert first.returncode == 0, first.output[-3000:]
+    assert "fetched its start URL(s) and nothing else" not in first.output
+    dev_web.clear_hits()
+    again = run(stores, "runspider", str(path))
+    assert again.returncode == 0, again.output[-3000:]
+    assert [h.path for h in dev_web.hits_for(host=base) if h.path != "/robots.txt"] == ["/"]
+    assert re.search(r"This worker fetched its start URL\(s\) and nothing else: the \d+ "
+                     r"link\(s\) found were seen before by plain's frontier", again.output)
+    for advice in ("scrapy recrawl plain", "scrapy frontier plain --reset --yes"):
+        assert advice in again.output

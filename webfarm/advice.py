@@ -121,7 +121,29 @@ def explain_at_close(stats: StatsCollector | None, name: str, frontier: Frontier
                 f" for this worker's hosts ({_named(scope)})" if scope else "", idle_seconds)
     if name:
         explain_nothing_fetched(stats, name, frontier)
+        explain_links_seen(stats, name)
         explain_other_hosts(stats, name, frontier)
+
+
+def explain_links_seen(stats: StatsCollector | None, name: str) -> None:
+    """A Scrapy-style spider run again fetches its start URLs (Scrapy's start requests are
+    ``dont_filter``) and nothing else: every link on them was seen by the frontier in the
+    run before. Without a word, that looked like a crawl that found no links."""
+    if stats is None:
+        return
+    get = stats.get_value
+    starts = get("webfarm/frontier/start_requests", 0)
+    # Links the frontier knew already, not those this worker had just queued itself.
+    known = get("webfarm/frontier/duplicates", 0) - get("webfarm/frontier/duplicates_local", 0)
+    if (not starts or not get("webfarm/frontier/dequeued") or known <= 0
+            or get("webfarm/frontier/enqueued", 0) > starts):
+        return
+    logger.warning(
+        "This worker fetched its start URL(s) and nothing else: the %d link(s) found were "
+        "seen before by %s's frontier, which never fetches a URL twice (the start URLs were "
+        "fetched again because start requests are dont_filter, as in Scrapy). To fetch the "
+        "site again: `scrapy recrawl %s` (stored pages that are due), or `scrapy frontier "
+        "%s --reset --yes` to start this spider's crawl over", known, name, name, name)
 
 
 class WaitingNotice:

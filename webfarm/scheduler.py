@@ -271,6 +271,8 @@ class Scheduler(BaseScheduler):
         if request.cookies and not self._cookies_said:
             self._cookies_said = True
             advice.cookies_not_sent(request)
+        if request.meta.get("is_start_request"):  # for advice.explain_links_seen
+            self._inc("webfarm/frontier/start_requests")
         assert self.link is not None
         self.link.push.append(entry)
         if len(self.link.push) >= PUSH_BATCH and not self.link.start(0):
