@@ -175,3 +175,24 @@ def test_a_callback_a_queued_request_cannot_name_is_refused_with_the_fix(callbac
     with pytest.raises(serialize.SerializationError,
                        match=r"is not a method of the spider; .*pass values with cb_kwargs"):
         request_entry(request, Spider(), RequestFingerprinter())
+
+
+def test_tuples_and_sets_come_back_as_they_were_queued():
+    """A callback got a list for a tuple in cb_kwargs or meta: ``pos == (1, 2)`` was false,
+    and a dict keyed by it raised "unhashable type: 'list'"."""
+    spider = Spider()
+    kwargs = {"pos": (1, 2), "empty": (), "nested": [(b"\xff", ("a",))],
+              "tags": {"b", "a"}, "fixed": frozenset({3}), "plain": [1, 2]}
+    req = scrapy.Request("http://example.com/", callback=spider.parse_item,
+                         cb_kwargs=kwargs, meta={"path": ("x", "y")})
+    back = request_from_dict(serialize.loads(serialize.dumps(req.to_dict(spider=spider))),
+                             spider=spider)
+    assert back.cb_kwargs == kwargs and back.meta == {"path": ("x", "y")}
+    assert type(back.cb_kwargs["pos"]) is tuple and type(back.cb_kwargs["plain"]) is list
+    assert type(back.cb_kwargs["fixed"]) is frozenset
+    assert {back.cb_kwargs["pos"]: 1}  # hashable again
+    # Stored with its page for re-parse, too.
+    assert serialize.loads_value(serialize.dumps_value(kwargs)) == kwargs
+    # A set someone else wrote with a list in it is refused, not a crash.
+    with pytest.raises(serialize.SerializationError, match="malformed set"):
+        serialize.loads('{"url": "http://a.test/", "meta": {"s": {"__set__": [[1]]}}}')

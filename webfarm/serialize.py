@@ -44,6 +44,9 @@ DROPPED_META = frozenset({"_auth_proxy", "playwright_page", "download_slot"})
 _BYTES = "__b64__"
 _PAGE_METHOD = "__page_method__"
 _ITEM = "__item__"
+_TUPLE = "__tuple__"
+_SET = "__set__"
+_FROZENSET = "__frozenset__"
 _LIBRARY_ROOTS = frozenset(
     os.path.abspath(path) for name, path in sysconfig.get_paths().items()
     if name in ("stdlib", "platstdlib", "purelib", "platlib"))
@@ -71,8 +74,15 @@ def _encode(obj: Any) -> Any:
                                _encode(obj.kwargs)]}
     if isinstance(obj, dict):
         return {_key(k): _encode(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, list):
         return [_encode(v) for v in obj]
+    # Tagged, so that a callback gets what the spider put in cb_kwargs or meta: a tuple
+    # came back as a list, and ``pos == (1, 2)`` or a dict key made of it broke.
+    if isinstance(obj, tuple):
+        return {_TUPLE: [_encode(v) for v in obj]}
+    if isinstance(obj, (set, frozenset)):
+        tag = _FROZENSET if isinstance(obj, frozenset) else _SET
+        return {tag: [_encode(v) for v in sorted(obj, key=repr)]}
     if obj is None or isinstance(obj, (str, int, float, bool)):
         return obj
     if ItemAdapter.is_item(obj):  # an item passed on to the next page's callback
@@ -81,7 +91,7 @@ def _encode(obj: Any) -> Any:
                         {_key(k): _encode(v) for k, v in ItemAdapter(obj).items()}]}
     raise SerializationError(
         f"cannot queue a {type(obj).__name__} in a request; keep meta and cb_kwargs to JSON "
-        "types (str, numbers, lists, dicts) and items"
+        "types (str, numbers, lists, dicts), tuples, sets and items"
     )
 
 
@@ -113,6 +123,15 @@ def _decode(obj: Any) -> Any:
             return _page_method(obj[_PAGE_METHOD])
         if len(obj) == 1 and _ITEM in obj:
             return _item(obj[_ITEM])
+        if len(obj) == 1 and isinstance(tagged := next(iter(obj.values())), list):
+            if _TUPLE in obj:
+                return tuple(_decode(v) for v in tagged)
+            if _SET in obj or _FROZENSET in obj:
+                members = [_decode(v) for v in tagged]
+                try:
+                    return set(members) if _SET in obj else frozenset(members)
+                except TypeError:  # written by someone else: a list is not a member
+                    raise SerializationError("malformed set in a queued entry") from None
         return {k: _decode(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [_decode(v) for v in obj]
