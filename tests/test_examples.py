@@ -15,6 +15,7 @@ import pymongo
 import redis
 
 from tests import runner
+from tests.testweb import Response
 from tests.testweb.jscatalogue import JsCatalogue
 
 ITEM_FIELDS = ("sku", "name", "price_cents", "currency", "category", "url")
@@ -91,16 +92,30 @@ def test_catalogue_stores_each_product_once_upserted_on_its_sku(web, stores):
         assert doc["extracted_at"] is not None and doc["extractor_version"] == "1"
     assert stat(first, "webfarm/items/created") == len(shop.products)
 
-    # The same crawl again (fresh frontier, same database): nothing changes.
+    # The same crawl again (fresh frontier, same database): nothing changes, but for one
+    # product taken off the site, whose page now says so.
+    gone = sorted(shop.products)[0]
+    web.route(f"/product/{gone}", Response.html(
+        "<html><body><h1>This product is no longer available</h1></body></html>"),
+        host=base, prefix=False)
     redis.Redis.from_url(stores["REDIS_URL"]).flushall()
     second = crawl("catalogue", f"{base}/", stores)
     again = {doc["_id"]: doc for doc in db.products.find()}
-    assert set(again) == set(products)
+    assert set(again) == set(products)  # nothing deletes what a site no longer shows
     for sku, doc in again.items():
         before = products[sku]
         assert {k: v for k, v in doc.items() if k != "extracted_at"} == \
             {k: v for k, v in before.items() if k != "extracted_at"}
-    assert stat(second, "webfarm/items/unchanged") == len(shop.products)
+    assert again[gone]["extracted_at"] == products[gone]["extracted_at"]
+    assert stat(second, "webfarm/items/unchanged") == len(shop.products) - 1
+    # The README's query for items a page no longer yields finds it, and only it.
+    stale = db.products.aggregate([
+        {"$lookup": {"from": "pages", "localField": "source_url", "foreignField": "url",
+                     "as": "page"}},
+        {"$unwind": "$page"},
+        {"$match": {"$expr": {"$lt": ["$extracted_at", "$page.last_changed_at"]}}},
+    ])
+    assert [doc["_id"] for doc in stale] == [gone]
     assert stat(second, "webfarm/items/created") == stat(second, "webfarm/items/changed") == 0
     # Once nothing was in flight (the last page parsed, or the last response in) its batch
     # went without waiting for pages that could not come: the engine's idle state was read
