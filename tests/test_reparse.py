@@ -71,8 +71,12 @@ def test_reparse_reextracts_without_network(web, redis_url, mongo_uri, mongo_db_
     assert "sku_1" in db.products.index_information()
 
     web.clear_hits()
+    began = dt.datetime.now(dt.timezone.utc)
     first = runner.scrapy(["reparse", "test_products", *SPIDERS, "--progress-every", "20"], env)
     assert first.returncode == 0, first.output[-3000:]
+    # Unchanged items are stamped too (the README: items older than a full re-parse are
+    # those no page yields any more).
+    assert db.products.count_documents({"extracted_at": {"$lt": began}}) == 0
     # Every item a crawl stored comes out the same: titles, products and dicts of 86 pages.
     items = pages + 2 * shop_skus * 2  # product and print page each yield a product and a dict
     assert counts(first.output) == {"created": 0, "changed": 0, "unchanged": items,
