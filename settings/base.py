@@ -424,7 +424,7 @@ WEBFARM_ALERT_QUEUE_GROWTH = 0.2
 WEBFARM_ALERT_QUEUE_MIN = 1000
 WEBFARM_ALERT_DEAD_WINDOW = 600.0  # at least DEAD_LETTERS new dead letters within this
 WEBFARM_ALERT_DEAD_LETTERS = 50
-WEBFARM_ALERT_STALL_SECONDS = 300.0  # no fetch ended this long while work is queued/leased
+WEBFARM_ALERT_STALL_SECONDS = 300.0  # no fetch ended this long while work is queued/delayed/leased
 
 # --- runtime -----------------------------------------------------------------
 TWISTED_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"

@@ -457,3 +457,24 @@ def test_scrapy_frontier_reads_the_bucket_size_the_workers_wrote(redis_url):
     doc = json.loads(runner.scrapy(["frontier", "generic", "--json"],
                                    runner.env_for(REDIS_URL=redis_url), 60).stdout)
     assert doc["monitor"]["spider"]["requests"] == 60
+
+
+def test_no_progress_counts_work_waiting_in_the_delayed_set(redis_url, receiver):
+    """Every proxy retired (or every host down): the work waits in the delayed set, turn
+    after turn, and no fetch ends. The rule counted queued and leased work only, so it
+    said nothing while the crawl stood still."""
+    store, frontier = _store_and_frontier(redis_url)
+    frontier.push([Entry("a.example", 0, b"a1", "payload a 1")])
+    popped = frontier.pop("w")
+    assert frontier.retry(popped.lease_id, 0.5, "proxy: every proxy is retired", spend=False)
+    counts = frontier.counts()
+    assert (counts["queued"], counts["leased"], counts["delayed"]) == (0, 0, 1)
+    ev = _evaluator(store, frontier, "w", receiver, stall_seconds=1)
+    ev.tick()  # watching starts
+    time.sleep(1.2)
+    found = {f.id: f for f in ev.tick()}
+    assert found["no_progress"].firing, found["no_progress"]
+    assert "1 delayed" in found["no_progress"].summary
+    # Not sent, so no attempt spent: it comes back as the first try it was.
+    again = frontier.pop("w")
+    assert again is not None and again.attempts == popped.attempts == 0

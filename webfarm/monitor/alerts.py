@@ -19,8 +19,10 @@ and runs the rules:
   keep up. Recovers when the queue stops growing.
 * ``dead_letters``: at least ``WEBFARM_ALERT_DEAD_LETTERS`` new dead letters
   within ``WEBFARM_ALERT_DEAD_WINDOW``. Recovers when none arrive in a window.
-* ``no_progress``: work is queued or leased but no fetch ended for
+* ``no_progress``: work is queued, delayed or leased but no fetch ended for
   ``WEBFARM_ALERT_STALL_SECONDS``. Recovers when fetches end again or the work is gone.
+  Delayed work counts: with every proxy retired, or every host down and its pages
+  waiting out their retries, the work sits there and nothing was said.
 
 Alert state lives in Redis (``webfarm:{SPIDER}:alerts``), so whichever worker holds
 the lock knows what was announced: a firing alert is logged at ERROR and POSTed to
@@ -288,7 +290,7 @@ class Evaluator:
         start = now - r.stall_seconds
         win = self.store.read(range(self.store.bucket_of(start), self.store.bucket_of(now) + 1, b),
                               start, now)
-        work = counts["queued"] + counts["leased"]
+        work = counts["queued"] + counts["leased"] + counts["delayed"]
         watched = now - (self.holding_since or now)
         ended = win.spider.outcomes
         firing: bool | None
@@ -300,10 +302,10 @@ class Evaluator:
             firing = None
         return Finding(
             "no_progress", "no_progress", firing,
-            f"no fetch ended in the last {r.stall_seconds:.0f}s with {counts['queued']} queued "
-            f"and {counts['leased']} leased" if firing else
+            f"no fetch ended in the last {r.stall_seconds:.0f}s with {counts['queued']} queued, "
+            f"{counts['delayed']} delayed and {counts['leased']} leased" if firing else
             f"{ended} fetches ended in the last {r.stall_seconds:.0f}s; "
-            f"{counts['queued']} queued, {counts['leased']} leased",
+            f"{counts['queued']} queued, {counts['delayed']} delayed, {counts['leased']} leased",
             value=ended, threshold=0, window=r.stall_seconds,
             details={"queued": counts["queued"], "leased": counts["leased"],
                      "delayed": counts["delayed"]},
