@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 BANDS = 4
 BAND_BITS = 64 // BANDS
@@ -68,6 +69,10 @@ def simhash(text: str, bits: int = 64) -> int:
     """
     if bits % 64 or not 64 <= bits <= 512:
         raise ValueError(f"bits must be a multiple of 64 in 64..512, not {bits}")
+    # Here, not at the top: numpy takes 0.1-0.2 s to import, and every `scrapy` command
+    # imports this module (through webfarm.index), most of them to hash nothing.
+    import numpy as np
+
     words = _words(text.lower())
     if not words:
         return 0
@@ -90,11 +95,15 @@ def simhash(text: str, bits: int = 64) -> int:
 
 
 def _rotl(x: np.ndarray, r: int) -> np.ndarray:
+    import numpy as np
+
     return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser: every input bit moves every output bit (mod 2**64)."""
+    import numpy as np
+
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
