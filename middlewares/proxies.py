@@ -189,6 +189,8 @@ class ProxyMiddleware:
         healthy = self.pool.healthy_ids()
         if healthy != self._healthy_seen:
             self._healthy_seen = healthy
+            if healthy:  # one is back: should all be retired again, say so again
+                self._all_retired_logged = False
             self.stats.set_value(f"{PREFIX}/healthy", healthy)
             self.stats.set_value(f"{PREFIX}/retired", self.pool.retired_ids())
 

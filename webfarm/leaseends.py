@@ -91,6 +91,7 @@ class LeaseEnds:
             self._dead(lease, request, exc.reason, exc.status, exc.error)
         elif isinstance(exc, RetryLater) and not exc.spend:  # never sent: no attempt spent
             self._inc("webfarm/frontier/waited")
+            assert self.frontier is not None
             self.link.op("retry", self.frontier._retry_args(lease, exc.delay or 0.0,
                                                             exc.reason, spend=False))
         elif isinstance(exc, RetryLater):
