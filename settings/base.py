@@ -206,6 +206,9 @@ DOWNLOADER_MIDDLEWARES_BASE = {
     "middlewares.limits.RedirectMiddleware": 600,
     # Before HttpProxyMiddleware (750), which turns the chosen proxy's userinfo into a header.
     "middlewares.proxies.ProxyMiddleware": 740,
+    # A request leaving long after its hand-out (robots.txt, a busy CPU) takes its host's
+    # turn again, so the host's next request is not early (middlewares/departure.py).
+    "middlewares.departure.DepartureMiddleware": 940,
     # Next to the downloader: counts every response and network error before anything
     # converts it (webfarm.monitor; off with WEBFARM_METRICS).
     "webfarm.monitor.extension.MonitorMiddleware": 950,

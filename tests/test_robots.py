@@ -274,6 +274,31 @@ def test_requests_held_for_a_slow_robots_txt_keep_the_host_delay(web, stores):
     assert stat(result.output, "webfarm/frontier/given_back") >= 1  # no attempt spent
 
 
+def test_two_workers_keep_the_host_delay_after_a_slow_robots_txt(web, stores, tmp_path):
+    """The host's clock started at each hand-out, not when the request left: the first
+    page left when robots.txt came, long after its hand-out, and the page the other worker
+    held (given back, handed out again at once: its turn was long due) reached the host
+    0.05 s later, where the delay was 1.5 s."""
+    base = web.base_urls[1]
+    urls = mini_site(web, base, pages=4, private=0)
+
+    def slow_robots(info):
+        time.sleep(2.0)
+        return Response.text("User-agent: *\nDisallow: /private/\n")
+
+    web.route("/robots.txt", slow_robots, host=base)
+    environment = env(stores, WEBFARM_HOST_DELAY="0.8", WEBFARM_AUTOTHROTTLE="False")
+    procs = [runner.popen(crawl_args(urls[1:]), environment, tmp_path / f"{n}.log")
+             for n in "ab"]
+    assert [p.wait(120) for p in procs] == [0, 0]
+    hits = sorted(h.monotonic for h in web.hits_for(host=base) if h.path != "/robots.txt")
+    gaps = [b - a for a, b in zip(hits, hits[1:], strict=False)]
+    assert len(hits) == 4 and min(gaps) >= 0.8 * 0.75, gaps
+    logs = "".join((tmp_path / f"{n}.log").read_text() for n in "ab")
+    assert "Traceback" not in logs, logs[-3000:]
+    assert stat(logs, "webfarm/frontier/late_departures") >= 1
+
+
 def test_robots_500_holds_every_request_until_it_heals_404_allows_all(web, stores, tmp_path):
     base, absent = web.base_urls
     urls = mini_site(web, base, pages=3, private=2)

@@ -162,13 +162,15 @@ class FrontierLink:
         if self.ops:  # came while this one was on its way
             self.start(0)
 
-    async def arrive(self, host: str, lease_id: str) -> float:
+    async def arrive(self, host: str, lease_id: str, record: bool = True) -> float:
         """Seconds a render of ``lease_id`` must still wait before it reaches ``host``; 0
-        while Redis cannot say (it hands out nothing meanwhile either)."""
+        while Redis cannot say (it hands out nothing meanwhile either). ``record=False``
+        (a late HTTP request): the host's next hand-out waits a delay after it, but the
+        host joins the ``arrived`` hash only if a render put it there."""
         if self.aio is None or self.waiting():
             return 0.0
         try:
-            return await self.aio.arrive(host, lease_id)
+            return await self.aio.arrive(host, lease_id, record)
         except REDIS_ERRORS as exc:
             self.error(exc)
             return 0.0

@@ -32,6 +32,8 @@ DUPEFILTER_MODES = {"bloom", "set"}
 #: retries or dead-letters the request); absent on a request the frontier does not hold
 LEASE = "webfarm_lease"
 ATTEMPTS = "webfarm_attempts"  # meta key: the tries the frontier has counted before this one
+#: meta key: when (time.monotonic()) the frontier handed the request out to this worker
+HANDED_OUT = "webfarm_handed_out"
 #: meta key: fetched by the worker that made the request, never queued in Redis (a login
 #: form's POST: its password stays on that worker, whose own cookie jar gets the session)
 LOCAL = "webfarm_local"

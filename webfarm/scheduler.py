@@ -72,6 +72,7 @@ from webfarm.leaseends import LeaseEnds
 from webfarm.outcomes import hook_downloader_output
 from webfarm.queue import (
     ATTEMPTS,
+    HANDED_OUT,
     LEASE,
     LOCAL,
     UnfetchableURL,
@@ -135,6 +136,7 @@ class Scheduler(BaseScheduler):
         connect(scheduler.host_delay, signal=wf_signals.host_delay)
         connect(scheduler.host_defer, signal=wf_signals.host_defer)
         connect(scheduler.render_arrival, signal=wf_signals.render_arrival)
+        connect(scheduler.request_departure, signal=wf_signals.request_departure)
         return scheduler
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -226,6 +228,7 @@ class Scheduler(BaseScheduler):
         # lease; the parent is acknowledged when its download finishes, not here.
         request.meta.pop(LEASE, None)
         request.meta.pop(ATTEMPTS, None)
+        request.meta.pop(HANDED_OUT, None)
         if request.meta.get(LOCAL):  # as Scrapy's own scheduler would, in this worker
             if not request.dont_filter:
                 fingerprint = self.crawler.request_fingerprinter.fingerprint(request)
@@ -299,6 +302,7 @@ class Scheduler(BaseScheduler):
                 continue
             request.meta[LEASE] = popped.lease_id
             request.meta[ATTEMPTS] = popped.attempts
+            request.meta[HANDED_OUT] = time.monotonic()
             self._inflight[popped.lease_id] = request
             self._inc("webfarm/frontier/dequeued")
             return request
@@ -375,6 +379,22 @@ class Scheduler(BaseScheduler):
         wait = await self.link.arrive(host_of(request.url), lease_id)
         if wait > 0:
             self._inc("webfarm/frontier/render_waits")
+            await asyncio.sleep(wait)
+
+    async def request_departure(self, request: Request, **kwargs: Any) -> None:
+        """An HTTP request leaves for its host after waiting in this worker: one that left
+        over a tenth of its host's delay after its hand-out takes the host's turn (and
+        waits for a render that reached the host meanwhile)."""
+        lease_id, handed = request.meta.get(LEASE), request.meta.get(HANDED_OUT)
+        if self.link is None or lease_id is None or handed is None:
+            return
+        host = host_of(request.url)
+        delay = max(self.frontier.default_delay, self.delays.of(host) or 0.0)
+        if delay <= 0 or time.monotonic() - handed < 0.1 * delay:
+            return
+        self._inc("webfarm/frontier/late_departures")
+        wait = await self.link.arrive(host, lease_id, record=False)
+        if wait > 0:
             await asyncio.sleep(wait)
 
     def _exchanged(self, result: Exchange, pop: int, later: bool) -> None:

@@ -22,3 +22,8 @@ host_defer = object()
 # there for the host's turn, which it may have handed out a page-open or a browser start
 # ago, and keeps the host's next hand-out a delay after it.
 render_arrival = object()
+
+# request: Request of the frontier, about to leave for its host over HTTP well after its
+# hand-out (middlewares.departure: it waited for robots.txt, or for a busy CPU). Sent and
+# awaited: the frontier scheduler takes the host's turn for it, as for a render.
+request_departure = object()

@@ -57,12 +57,13 @@ class AsyncFrontier:
         return f._joined([f._step_reply(reply, n)
                           for reply, (_, n) in zip(replies, steps, strict=True)])
 
-    async def arrive(self, host: str, lease_id: str) -> float:
+    async def arrive(self, host: str, lease_id: str, record: bool = True) -> float:
         """Seconds the request of ``lease_id`` must still wait before it reaches ``host``
         (the script's ``arrive``; it counts as arrived then)."""
         f = self.frontier
         reply = await self._script(keys=f._keys, args=[
-            f.prefix, "arrive", host, lease_id, round(f.default_delay * 1000)])
+            f.prefix, "arrive", host, lease_id, round(f.default_delay * 1000),
+            "1" if record else "0"])
         return int(reply) / 1000
 
     async def is_idle(self) -> bool:

@@ -229,7 +229,8 @@ OPS.defer = function()
   return 1
 end
 
--- arrive: ARGV 3 host, 4 lease id, 5 default ms -> ms the request must still wait.
+-- arrive: ARGV 3 host, 4 lease id, 5 default ms, 6 '0' for a late HTTP request (the host
+-- joins 'arrived' only through a render) -> ms the request must still wait.
 -- A render reaches the host some time after its hand-out (a page to open, a browser to
 -- start), so hand-outs spaced by the host's delay can arrive bunched. A render asks here
 -- just before it navigates: it goes a delay after the last request known to reach the
@@ -244,7 +245,9 @@ OPS.arrive = function()
     local ms, who = string.match(last, '^(%d+) (.*)$')
     if ms and who ~= id then at = math.max(NOW, tonumber(ms) + delay) end
   end
-  redis.call('HSET', K_ARRIVED, host, fmt_int(at) .. ' ' .. id)
+  if last or ARGV[6] ~= '0' then
+    redis.call('HSET', K_ARRIVED, host, fmt_int(at) .. ' ' .. id)
+  end
   hold_until(host, at + delay)
   return fmt_int(at - NOW)
 end
