@@ -98,6 +98,29 @@ def test_delay_is_shared_by_workers_and_survives_an_empty_queue(redis_url: str) 
     assert time.monotonic() - t0 > 0.35
 
 
+def test_a_worker_with_a_shorter_default_delay_does_not_speed_up_the_fleet(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker that joined with WEBFARM_HOST_DELAY=0.2 spaced every host by 0.2 s, for
+    every worker (2 s gaps became 0.2 s ones): each pop used the popping worker's own
+    default. The frontier now keeps the longest default of the workers running."""
+    from webfarm import advice
+
+    slow = Frontier(redis.Redis.from_url(redis_url), "spider", default_delay=1.0)
+    fast = Frontier(redis.Redis.from_url(redis_url), "spider", default_delay=0.1)
+    slow.push([entry("h.test", str(i)) for i in range(3)])
+    assert slow.pop("slow") is not None
+    assert wait_until(lambda: fast.pop("fast"), timeout=3) is not None
+    assert fast.pop("fast") is None
+    assert fast.last_ready_in is not None and fast.last_ready_in > 0.8  # not 0.1
+    assert fast.fleet_delays() == {"slow": 1.0, "fast": 0.1}
+    assert fast.effective_default_delay() == 1.0  # what `scrapy frontier` shows
+    with caplog.at_level("WARNING", logger="webfarm.advice"):
+        advice.shorter_default_delay(0.1, fast.fleet_delays(), fast.prefix)
+    assert ("default host delay (WEBFARM_HOST_DELAY, or a longer DOWNLOAD_DELAY) is 0.1s, "
+            "but worker slow of webfarm:{spider}: runs with 1s: the frontier spaces every "
+            "host by the longest") in caplog.text
+
+
 def test_longer_delay_pushes_back_the_pending_slot(frontier: Frontier) -> None:
     frontier.set_delay("h.test", 0.1)
     frontier.push([entry("h.test", "1"), entry("h.test", "2")])

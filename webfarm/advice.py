@@ -65,6 +65,20 @@ def post_queued(request: Request, cookies: bool) -> None:
         "is not sent with the next requests")
 
 
+def shorter_default_delay(own: float, fleet: dict[str, float], prefix: str) -> None:
+    """This worker runs with a shorter default host delay than another worker of its
+    frontier: the frontier keeps the longest, and says why this worker is slower than its
+    settings."""
+    longest = max(fleet.values(), default=0.0)
+    if longest > own:
+        worker = max(fleet, key=lambda w: fleet[w])
+        logger.warning(
+            "This worker's default host delay (WEBFARM_HOST_DELAY, or a longer "
+            "DOWNLOAD_DELAY) is %gs, but worker %s of %s runs with %gs: the frontier spaces "
+            "every host by the longest, for every worker. Give the workers one setting",
+            own, worker, prefix, longest)
+
+
 def url_not_queued(request: Request, why: Exception, said: RecentHosts[None]) -> None:
     """A link or start URL the downloader would fail on at every try (a bad port, a
     broken IPv6 literal, a ``user:password@``) is dropped; the first of each host is said,

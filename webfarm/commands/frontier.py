@@ -93,7 +93,7 @@ def snapshot(frontier: Frontier, top: int = 0) -> dict[str, Any]:
         "bloom_layers": memory["layers"],
         "retried": counts["retried"],
         "expired": counts["expired"],
-        "default_delay": frontier.default_delay,
+        "default_delay": frontier.effective_default_delay(),
         "host_budget": frontier.host_budget,
         "hosts_listed": len(hosts),
         "per_host": hosts[:top] if top > 0 else hosts,

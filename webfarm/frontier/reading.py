@@ -68,6 +68,7 @@ class FrontierReads:
         one HMGET and 40 ms in one ZRANGE; now each call takes a few ms).
         """
         hosts: dict[str, dict[str, Any]] = {}
+        default = self.effective_default_delay()
         for where in ("cool", "ready"):  # a host moved meanwhile: its 'ready' row wins
             cursor: Any = "0"
             while True:
@@ -79,13 +80,30 @@ class FrontierReads:
                     hosts[host] = {
                         "host": host,
                         "queued": int(depth),
-                        "delay": float(delay) if delay else self.default_delay,
+                        "delay": float(delay) if delay else default,
                         "next_allowed_in": max(0.0, (float(at) - now_ms) / 1000),
                         "urls": int(admitted or 0),
                     }
                 if as_text(cursor) == "0":
                     break
         return sorted(hosts.values(), key=lambda h: (-h["queued"], h["host"]))
+
+    def fleet_delays(self) -> dict[str, float]:
+        """The default host delay each worker runs with (its ``WEBFARM_HOST_DELAY``, or a
+        longer ``DOWNLOAD_DELAY``), for the workers that exchanged lately: the frontier
+        spaces hosts by the longest of them."""
+        now_ms = int(self.server.time()[0]) * 1000
+        delays = {}
+        for worker, value in self.server.hgetall(self.key("defaults")).items():
+            ms, _, expires = as_text(value).partition(" ")
+            if ms.isdigit() and expires.isdigit() and int(expires) >= now_ms:
+                delays[as_text(worker)] = int(ms) / 1000
+        return delays
+
+    def effective_default_delay(self) -> float:
+        """The default host delay the frontier spaces hosts by: the longest of the workers'
+        (:meth:`fleet_delays`), or this process's own when no worker runs."""
+        return max(self.fleet_delays().values(), default=self.default_delay)
 
     def leases_by_worker(self) -> dict[str, int]:
         """Leases (requests in flight) per worker name, most first: which workers are at

@@ -77,7 +77,7 @@ def report(store: MetricsStore, frontier: Frontier, window_seconds: float,
         "frontier": frontier.counts(),
         "trend": trend(window),
         "spider": spider_figures(window),
-        "hosts": host_rows(window, frontier.host_stats(), frontier.default_delay),
+        "hosts": host_rows(window, frontier.host_stats(), frontier.effective_default_delay()),
         "alerts": alerts_firing(store.server, alerts_key) if alerts_key else [],
     }
 
@@ -99,7 +99,7 @@ def add_figures(doc: dict[str, Any], frontier: Frontier, settings: Any,
     window = store.window(window_seconds)
     if not window.hosts and not window.spider.requests and not window.gauges:
         return False
-    doc["per_host"] = host_rows(window, doc["per_host"], frontier.default_delay)
+    doc["per_host"] = host_rows(window, doc["per_host"], frontier.effective_default_delay())
     _known_to_the_frontier(frontier, [row for row in doc["per_host"] if "urls" not in row])
     doc["hosts_listed"] = len(doc["per_host"])
     doc["monitor"] = {

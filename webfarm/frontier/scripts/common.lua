@@ -24,6 +24,8 @@
 --   bloom     HASH  the Bloom filter's layers; bloom:<i> STRING layer i's bitmap
 --   arrived   HASH  host -> 'MS LEASE', the last request known to reach it: a render's
 --                   arrival, or a hand-out, once the host has had a render (see OPS.arrive)
+--   defaults  HASH  worker -> 'MS EXPIRES_MS', the default host delay it runs with (see
+--                   fleet_default)
 --
 -- Times come from the server's clock (TIME), never from workers.
 
@@ -33,7 +35,8 @@ local K_STATS, K_READY, K_COOL, K_DELAY = P .. 'stats', P .. 'ready', P .. 'cool
 local K_DELAYED, K_LEASES, K_LEASE = P .. 'delayed', P .. 'leases', P .. 'lease'
 local K_SEQ, K_DEAD, K_SEEN, K_BLOOM = P .. 'seq', P .. 'dead', P .. 'seen', P .. 'bloom'
 local K_RETRIES, K_URLS, K_WORKERS = P .. 'retries', P .. 'urls', P .. 'workers'
-local K_ARRIVED = P .. 'arrived'
+local K_ARRIVED, K_DEFAULTS = P .. 'arrived', P .. 'defaults'
+local DEFAULTS_TTL = 120000 -- ms a worker's default delay counts after its last exchange
 
 local T = redis.call('TIME')
 local NOW = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000) -- ms, an exact integer
@@ -149,6 +152,27 @@ local function maintain(batch)
   end
   local cool = redis.call('ZRANGEBYSCORE', K_COOL, '-inf', NOW, 'LIMIT', 0, batch)
   if #cool > 0 then redis.call('ZREM', K_COOL, unpack(cool)) end
+end
+
+-- The default host delay of the fleet: the longest any worker that exchanged in the last
+-- DEFAULTS_TTL runs with (``worker`` '' reads without declaring). One worker given a
+-- shorter WEBFARM_HOST_DELAY (a rolling deploy, one job's setting) spaced every host by
+-- it, for every worker: 2 s gaps became 0.2 s ones when it joined.
+local function fleet_default(worker, own_ms)
+  if worker ~= '' then
+    redis.call('HSET', K_DEFAULTS, worker, fmt_int(own_ms) .. ' ' .. fmt_int(NOW + DEFAULTS_TTL))
+  end
+  local best = own_ms
+  local flat = redis.call('HGETALL', K_DEFAULTS)
+  for i = 1, #flat, 2 do
+    local ms, expires = string.match(flat[i + 1], '^(%d+) (%d+)$')
+    if not ms or tonumber(expires) < NOW then
+      redis.call('HDEL', K_DEFAULTS, flat[i])
+    elseif tonumber(ms) > best then
+      best = tonumber(ms)
+    end
+  end
+  return best
 end
 
 local function host_delay_ms(host, default_ms)

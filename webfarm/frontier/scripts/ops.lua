@@ -81,7 +81,8 @@ local OPS = {}
 -- Returns {acked, push flags '1'/'0'/'2', ready_in ms or -1, the worker's exchange count (0
 -- without a worker), then lease, host, payload, attempts of each pop}
 OPS.step = function()
-  local worker, lease_ms, default_ms = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+  local worker, lease_ms = ARGV[3], tonumber(ARGV[4])
+  local default_ms = fleet_default(worker, tonumber(ARGV[5]))
   local batch, want = tonumber(ARGV[6]), tonumber(ARGV[7])
   local n_ack, n_push = tonumber(ARGV[12]), tonumber(ARGV[13])
   local mode, acked, flags = ARGV[8], 0, ''
@@ -238,7 +239,7 @@ end
 -- hand-out waits a delay after it.
 OPS.arrive = function()
   local host, id = ARGV[3], ARGV[4]
-  local delay = host_delay_ms(host, tonumber(ARGV[5]))
+  local delay = host_delay_ms(host, fleet_default('', tonumber(ARGV[5])))
   local at = NOW
   local last = redis.call('HGET', K_ARRIVED, host)
   if last then
@@ -256,7 +257,7 @@ end
 -- next-allowed time (it was computed with the old, shorter delay).
 OPS.set_delay = function()
   local host = ARGV[3]
-  local old = host_delay_ms(host, tonumber(ARGV[5]))
+  local old = host_delay_ms(host, fleet_default('', tonumber(ARGV[5])))
   redis.call('HSET', K_DELAY, host, ARGV[4])
   local new = host_delay_ms(host, 0)
   if new > old then
