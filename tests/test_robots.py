@@ -274,6 +274,30 @@ def test_requests_held_for_a_slow_robots_txt_keep_the_host_delay(web, stores):
     assert stat(result.output, "webfarm/frontier/given_back") >= 1  # no attempt spent
 
 
+def test_links_robots_txt_disallows_spend_no_turn_of_their_host(web, stores):
+    """Each disallowed link was queued, handed out, and refused at download: no request,
+    but its host's turn was spent, and a site linking a disallowed URL between every two
+    pages was crawled at half speed (1 s gaps at a 0.5 s delay)."""
+    base = web.base_urls[1]
+    paths = [p for i in range(4) for p in (f"/page/{i}", f"/private/{i}")]
+    links = "".join(f'<p><a href="{p}">{p}</a></p>' for p in paths)
+    web.route("/", Response.html(f"<html><body>{links}</body></html>"), host=base,
+              prefix=False)
+    for prefix in ("/page/", "/private/"):
+        web.route(prefix, lambda info: Response.html(f"<html><body>{info.path}</body></html>"),
+                  host=base)
+    web.route("/robots.txt", Response.text("User-agent: *\nDisallow: /private/\n"), host=base)
+    result = run(crawl_args([f"{base}/"]), env(stores, WEBFARM_HOST_DELAY="0.5",
+                                                WEBFARM_AUTOTHROTTLE="False"))
+    hits = sorted((h for h in web.hits_for(host=base) if h.path != "/robots.txt"),
+                  key=lambda h: h.monotonic)
+    assert [h.path for h in hits if h.path.startswith("/private/")] == []
+    assert len(hits) == 5  # the home page and its four allowed links
+    gaps = [b.monotonic - a.monotonic for a, b in zip(hits, hits[1:], strict=False)]
+    assert max(gaps) < 0.5 * 1.6, gaps
+    assert stat(result.output, "webfarm/frontier/robots_disallowed") == 4
+
+
 def test_two_workers_keep_the_host_delay_after_a_slow_robots_txt(web, stores, tmp_path):
     """The host's clock started at each hand-out, not when the request left: the first
     page left when robots.txt came, long after its hand-out, and the page the other worker

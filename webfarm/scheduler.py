@@ -101,6 +101,8 @@ class Scheduler(BaseScheduler):
         self._cookies_said = settings.getbool("COOKIES_ENABLED")  # nothing to say then
         self._slot_said = False
         self._post_said = False  # a POST queued to the frontier was said (advice)
+        # The robots middleware's check of the rules this worker holds (see enqueue_request)
+        self._robots_allow: Callable[[str], bool] | None = None
         self._unfetchable_said: RecentHosts[None] = RecentHosts(host_memory_size(settings))
         self.flush_interval = settings.getfloat("WEBFARM_FLUSH_INTERVAL", 0.5)
         self.max_entry_bytes = whole_number(settings, "WEBFARM_MAX_ENTRY_BYTES", 1 << 20,
@@ -161,6 +163,9 @@ class Scheduler(BaseScheduler):
             deleted = self.frontier.reset()
             logger.warning("SCHEDULER_FLUSH_ON_START: wiped the frontier (%d keys)", deleted)
         hook_downloader_output(self.crawler, self.ends.wrap, "webfarm.scheduler")
+        self._robots_allow = next(
+            (mw.allowed_if_known for mw in self.crawler.engine.downloader.middleware.middlewares
+             if hasattr(mw, "allowed_if_known")), None)
         # A frontier class that overrides exchange() keeps the blocking path it overrides.
         aio = None
         if is_asyncio_reactor_installed() and type(self.frontier).exchange is Frontier.exchange:
@@ -241,6 +246,14 @@ class Scheduler(BaseScheduler):
             self._local.append(request)
             self._inc("webfarm/frontier/local")
             return True
+        if (self._robots_allow is not None and not request.meta.get("dont_obey_robotstxt")
+                and not self._robots_allow(request.url)):
+            # robots.txt, as this worker holds it, disallows it: refused here, not handed out
+            # to be refused at download, which spent its host's turn (a site that disallows
+            # half its links was crawled at half speed). Not marked seen: a robots.txt that
+            # allows it later lets a page that links it queue it then.
+            self._inc("webfarm/frontier/robots_disallowed")
+            return False
         if request.method == "POST" and not self._post_said:
             self._post_said = True
             advice.post_queued(request, self.crawler.settings.getbool("COOKIES_ENABLED"))
