@@ -99,6 +99,9 @@ class IndexPipeline:
                 f"what refuses it (a validator on that collection?), then requeue the page: "
                 f"scrapy dlq {item.spider} --requeue")
         item.duplicate_of = record.duplicate_of or ""
+        if record.superseded:  # a later fetch is stored: this older one was not written
+            inc("webfarm/index/superseded")
+            return item
         if record.gone:
             inc("webfarm/index/gone")
         elif record.not_modified:

@@ -173,6 +173,36 @@ class Doubling:
                 "next_fetch_at": fetched_at + dt.timedelta(seconds=interval), "seen": True}
 
 
+def test_a_fetch_held_past_its_lease_never_writes_over_a_later_one(store, mongo_db):
+    """A worker stalled past its leases (its storage process stopped) while another
+    fetched the pages again and stored them; let go, it wrote its older fetches over the
+    newer ones: 491 of 665 pages went back 12 s, to content the site no longer served,
+    and their items disagreed with their pages."""
+    t0 = time.time()
+    newer, older = page("/p", "ee" * 32, t0 + 10), page("/p", "aa" * 32, t0)
+    assert not store.record_pages([newer])[0].superseded
+    record = store.record_pages([older])[0]
+    assert record.superseded and not record.changed and not record.new_page
+    doc = store.pages.find_one({"_id": url_fingerprint(f"http://{HOST}/p")})
+    assert doc["content_hash"] == "ee" * 32 and doc["fetch_count"] == 1
+    assert doc["fetched_at"].timestamp() == pytest.approx(t0 + 10)
+    assert store.contents.find_one({"_id": "aa" * 32}) is None  # no orphan content
+    assert store.contents.find_one({"_id": "ee" * 32})["url_count"] == 1
+    # The same for the items: the later extraction stays.
+    items = ItemStore(mongo_db)
+    at = dt.datetime.now(dt.timezone.utc)
+    later = make_entry(Offer(shop="a", sku="9", price="2.00"), SiteSpider, "http://s/9",
+                       "ee" * 32, at)
+    earlier = make_entry(Offer(shop="a", sku="9", price="1.00"), SiteSpider, "http://s/9",
+                         "aa" * 32, at - dt.timedelta(seconds=10))
+    assert items.write_items([later]) == ["created"]
+    assert items.write_items([earlier]) == ["superseded"]
+    offer = mongo_db.offer.find_one({"_id": {"shop": "a", "sku": "9"}})
+    assert offer["price"] == "2.00" and offer["content_hash"] == "ee" * 32
+    # A page's own next fetch is written as usual.
+    assert store.record_pages([page("/p", "ff" * 32, t0 + 20)])[0].changed
+
+
 def test_refetch_policy_runs_on_every_fetch_and_304_keeps_the_content(store):
     crawler = get_crawler(settings_dict={
         "WEBFARM_REFETCH_POLICY": "tests.test_storage.Doubling", "WEBFARM_REFETCH_INTERVAL": 10})

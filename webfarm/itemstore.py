@@ -38,6 +38,7 @@ from webfarm.config import ConfigError
 from webfarm.exceptions import ItemError
 
 CREATED, CHANGED, UNCHANGED = "created", "changed", "unchanged"
+SUPERSEDED = "superseded"  # not written: a later extraction is stored
 DEFAULT_COLLECTION = "items"
 _RESERVED = ("_collection", "_key", "_id")
 # Values ItemAdapter.asdict() keeps as they are: a flat item needs no walk (a per-item cost).
@@ -90,6 +91,16 @@ def item_hash(fields: dict[str, Any]) -> str:
     return hashlib.sha256(
         json.dumps(fields, sort_keys=True, default=str, ensure_ascii=False).encode()
     ).hexdigest()
+
+
+def _later(doc: dict[str, Any] | None, at: dt.datetime) -> bool:
+    """Whether the stored item was extracted after ``at``."""
+    stored = (doc or {}).get("extracted_at")
+    if not isinstance(stored, dt.datetime):
+        return False
+    if stored.tzinfo is None:  # pymongo reads naive UTC unless told otherwise
+        stored = stored.replace(tzinfo=dt.timezone.utc)
+    return stored > (at if at.tzinfo else at.replace(tzinfo=dt.timezone.utc))
 
 
 def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None,
@@ -258,7 +269,7 @@ class ItemStore:
             self._ensure_indexes(name, entries[idx[0]].key_fields)
             coll = self.db[name]
             keys = [entries[i].key for i in idx]
-            seen = _SEEN if retried else {"item_hash": 1, "item_fields": 1}
+            seen = _SEEN if retried else {"item_hash": 1, "item_fields": 1, "extracted_at": 1}
             found = {self._k(d["_id"]): d for d in coll.find({"_id": {"$in": keys}}, seen)}
             missing = {self._k(k) for k in keys} - set(found)
             if retried:
@@ -271,6 +282,11 @@ class ItemStore:
             for i in idx:
                 entry = entries[i]
                 k = self._k(entry.key)
+                if _later(found.get(k), entry.extracted_at):
+                    # A later extraction is stored: this one's page was fetched before a
+                    # worker stalled past its lease, and another fetched it again since.
+                    results[i] = SUPERSEDED
+                    continue
                 digest = item_hash(entry.fields)
                 results[i] = _outcome(stored, k, digest)
                 doc = {**entry.fields, "source_url": entry.source_url,

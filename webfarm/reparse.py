@@ -54,6 +54,7 @@ from webfarm.itemstore import (
     CHANGED,
     CREATED,
     STORED_FIELDS,
+    SUPERSEDED,
     UNCHANGED,
     ItemEntry,
     ItemError,
@@ -67,7 +68,6 @@ from webfarm.urls import url_fingerprint
 
 logger = logging.getLogger(__name__)
 R = TypeVar("R")
-SUPERSEDED = "superseded"  # an outcome of _store: not written, a newer fetch wrote it
 
 @dataclass
 class ReparseStats:
