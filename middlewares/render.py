@@ -73,9 +73,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PREFIX = "webfarm/render"
+_HTML_TYPES = frozenset({b"text/html", b"application/xhtml+xml"})
 META_MODE = "render"  # the user's per-request mode
 META_RUNG = "webfarm_render_rung"  # the rung chosen for this request: http|browser|api
-META_WHY = "webfarm_render_why"  # mode|auto|memory|probe|escalated|spider|browser_failed
+META_WHY = "webfarm_render_why"  # mode|auto|memory|probe|escalated|spider|browser_failed|not_html
 META_REASON = "webfarm_render_reason"  # why an HTTP page was escalated
 META_HTTP_TEXT = "webfarm_render_http_text"  # visible characters the HTTP fetch had
 PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
@@ -252,6 +253,14 @@ class RenderMiddleware:
                 if refused is not None:
                     self.stats.inc_value(f"{PREFIX}/browser_refused")
                     raise DeadLetter(refused)
+            ctype = response.headers.get(b"Content-Type", b"").split(b";")[0].strip().lower()
+            if ctype and ctype not in _HTML_TYPES:
+                # Chromium shows a PDF, JSON or plain text in a viewer of its own, and the
+                # page's content is that viewer's HTML: a browser-first host's PDFs were
+                # stored as an empty placeholder, its JSON wrapped in <pre>. The bytes
+                # come over HTTP instead (a second fetch, of non-HTML only).
+                self.stats.inc_value(f"{PREFIX}/not_html")
+                return self._over_http(request)
             self.stats.inc_value(f"{PREFIX}/browser")
             if meta.get(META_WHY) == "escalated" and self.memory is not None:
                 host = host_of(request.url)
@@ -289,6 +298,13 @@ class RenderMiddleware:
                             "was enough)", host, request.url)
         self.stats.inc_value(f"{PREFIX}/http")
         return response
+
+    def _over_http(self, request: Request) -> Request:
+        """The same URL again over plain HTTP, back through the frontier."""
+        meta = {k: v for k, v in request.meta.items()
+                if k not in _FETCH_META and k != "playwright"}
+        meta.update({META_RUNG: "http", META_WHY: "not_html"})
+        return request.replace(meta=meta, dont_filter=True, priority=request.priority + 1)
 
     def _escalate(self, request: Request, reason: str, http_text: int) -> Request:
         """The same URL again, for the browser, back through the frontier."""

@@ -339,6 +339,34 @@ def test_a_rendered_page_with_half_a_surrogate_pair_is_stored(web, stores, redis
     assert len(web.hits_for(host=base, path="/cut-emoji")) == 1
 
 
+def test_a_pdf_or_json_of_a_browser_first_host_is_stored_as_its_bytes(web, stores, redis_url):
+    """Chromium shows a PDF, JSON or text in a viewer of its own: through the browser, a
+    PDF was stored as the viewer's empty placeholder and JSON wrapped in <pre>, with the
+    content type still saying application/pdf or application/json."""
+    base = web.base_urls[0]
+    pdf = b"%PDF-1.4\n1 0 obj <<>> endobj\ntrailer <<>>\n%%EOF\n"
+    files = {"/doc.pdf": ("application/pdf", pdf),
+             "/items.json": ("application/json", b'[{"sku": "A1", "price": 3}]'),
+             "/notes.txt": ("text/plain; charset=utf-8", b"plain notes\n")}
+    web.route("/files", Response.html("<html><body><p>Files</p></body></html>"), host=base,
+              prefix=False)
+    for path, (ctype, body) in files.items():
+        web.route(path, Response(200, {"Content-Type": ctype}, body), host=base, prefix=False)
+    # Start URLs: Scrapy's link extractor leaves .pdf links alone.
+    starts = ",".join(f"{base}{path}" for path in ["/files", *files])
+    result = crawl(runner.env_for(**stores), "-a", f"start={starts}", "-a", "render=browser")
+    stored = pages(stores)
+    blobs = open_blob_store(stores["BLOB_STORE_URI"])
+    for path, (ctype, body) in files.items():
+        assert f"{base}{path}" in stored, result.output[-4000:]
+        doc = stored[f"{base}{path}"]
+        assert blobs.get(doc["blob_key"]) == body, path
+        assert doc["fetch_method"] == "http" and doc["content_type"].startswith(ctype[:9])
+    assert stored[f"{base}/files"]["fetch_method"] == "browser"  # the HTML page still is
+    assert stat(result, "webfarm/render/not_html") == 3
+    assert frontier(redis_url).dead_letters() == []
+
+
 def test_a_spider_written_for_scrapy_playwright_queues_its_page_methods(web, stores, redis_url):
     """``PageMethod("wait_for_selector", ...)`` in a request's meta: before, such a request
     could not be queued ("cannot queue a PageMethod") and was dropped."""
