@@ -367,6 +367,29 @@ def test_a_pdf_or_json_of_a_browser_first_host_is_stored_as_its_bytes(web, store
     assert frontier(redis_url).dead_letters() == []
 
 
+def test_a_render_that_waited_for_a_browser_page_goes_back_without_an_attempt(web, stores,
+                                                                              redis_url):
+    """With every page of the browser context busy, a render waited for one, and its time
+    ran out before the host saw a request: it was dead-lettered as a page "whose
+    JavaScript does not let go", and a start page lost that way lost the whole site."""
+    base = web.base_urls[0]
+
+    def slow(info):
+        time.sleep(1.5)
+        return Response.html(f"<html><body><p>page {info.path}</p></body></html>")
+
+    web.route("/slow/", slow, host=base)
+    starts = ",".join(f"{base}/slow/{i}" for i in range(4))
+    result = crawl(runner.env_for(**stores, WEBFARM_HOST_DELAY="0"), "-a", f"start={starts}",
+                   "-a", "render=browser", "-s", "PLAYWRIGHT_MAX_PAGES_PER_CONTEXT=1",
+                   "-s", "DOWNLOAD_TIMEOUT=1", "-s", "PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT=2000",
+                   "-s", "WEBFARM_RETRY_TIMES=1")
+    assert frontier(redis_url).dead_letters() == []
+    assert set(pages(stores)) == {f"{base}/slow/{i}" for i in range(4)}
+    assert stat(result, "webfarm/render/slot_waits") >= 1
+    assert stat(result, "webfarm/render/timeouts") == 0
+
+
 def test_a_spider_written_for_scrapy_playwright_queues_its_page_methods(web, stores, redis_url):
     """``PageMethod("wait_for_selector", ...)`` in a request's meta: before, such a request
     could not be queued ("cannot queue a PageMethod") and was dropped."""

@@ -55,7 +55,7 @@ from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 from webfarm import browser
 from webfarm import signals as wf_signals
 from webfarm.config import whole_number
-from webfarm.exceptions import DeadLetter
+from webfarm.exceptions import DeadLetter, RetryLater
 
 if TYPE_CHECKING:
     from playwright.async_api import Page, Route
@@ -154,6 +154,8 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         self._render_pages: weakref.WeakKeyDictionary[Request, Page] = (
             weakref.WeakKeyDictionary())
         self._own_pages: weakref.WeakSet[Page] = weakref.WeakSet()  # not popups
+        self._opened: weakref.WeakKeyDictionary[Request, asyncio.Event] = (
+            weakref.WeakKeyDictionary())
         # The handler calls its module's name; set once, for every handler in the process.
         scrapy_playwright.handler._encode_body = encode_rendered
         limit = header_limit(crawler.settings)
@@ -168,17 +170,26 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
 
     async def _download_request(self, request: Request, spider: Spider | None = None
                                 ) -> Response:
-        """The render, bounded: past the navigation timeout and ``DOWNLOAD_TIMEOUT`` its
-        page is closed and the request fails as a download timeout."""
+        """The render, bounded: past the navigation timeout and ``DOWNLOAD_TIMEOUT`` from
+        when it has its page, the page is closed and the request fails as a download
+        timeout (waiting for a free page of its context has the same bound of its own)."""
         limit = (float(request.meta.get("download_timeout") or self.download_timeout)
                  + self.navigation_timeout)
         render = asyncio.ensure_future(super()._download_request(request, spider))
+        opened = self._opened[request] = asyncio.Event()  # set by _create_page
+        has_page = asyncio.ensure_future(opened.wait())
         try:
-            done, _ = await asyncio.wait({render}, timeout=limit)
+            await asyncio.wait({render, has_page}, timeout=limit,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if opened.is_set() and not render.done():  # the time a page wait took is not
+                await asyncio.wait({render}, timeout=limit)  # the page's to answer for
         except asyncio.CancelledError:  # the download is cancelled (a shutdown): so is it
             render.cancel()
             raise
-        if done:
+        finally:
+            has_page.cancel()
+            self._opened.pop(request, None)
+        if render.done():
             response = render.result()
             page = self._render_pages.pop(request, None)
             why = browser.navigation_refusal(page) if page is not None else None
@@ -191,7 +202,15 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         render.add_done_callback(lambda task: task.cancelled() or task.exception())  # seen
         await asyncio.wait({render}, timeout=10)
         page = self._render_pages.pop(request, None)
-        if page is not None and not page.is_closed():
+        if page is None:
+            # It never had a page: it waited for one while every page of its context was
+            # busy. It was dead-lettered as a page whose JavaScript never lets go, though
+            # the host never saw a request. Back to the frontier, no attempt spent.
+            self.stats.inc_value("webfarm/render/slot_waits")
+            raise RetryLater(
+                f"waited over {limit:.0f}s for a browser page (every page of its context was "
+                "busy: PLAYWRIGHT_MAX_PAGES_PER_CONTEXT)", delay=limit / 2, spend=False)
+        if not page.is_closed():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(page.close(), 10)
         self.stats.inc_value("webfarm/render/timeouts")
@@ -213,9 +232,21 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
             browser.wait_turn(page, None)  # not taken: refused, or the page kept
 
     async def _create_page(self, request: Request, spider: Spider) -> Page:
-        page = await super()._create_page(request=request, spider=spider)
+        # A render cancelled at its timeout while Playwright opened its page: scrapy-
+        # playwright gives the context's page slot back on an Exception, and a
+        # CancelledError is none, so the slot was lost for good, and after a few such
+        # timeouts the worker's browser rung stood still. The opening now runs to its end
+        # and a page opened for a cancelled render is closed, which frees its slot.
+        opening = asyncio.ensure_future(super()._create_page(request=request, spider=spider))
+        try:
+            page = await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            opening.add_done_callback(_close_unwanted)
+            raise
         self._render_pages[request] = page
         self._own_pages.add(page)
+        if (opened := self._opened.get(request)) is not None:
+            opened.set()
         return page
 
     async def _create_browser_context(self, name: str, context_kwargs: dict | None,
@@ -248,3 +279,12 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         logger.debug("Closed a popup a page opened: %s", page.url)
         with contextlib.suppress(Exception):
             await page.close()
+
+
+def _close_unwanted(opening: asyncio.Future[Page]) -> None:
+    """Close the page opened for a render cancelled meanwhile (its close frees its slot)."""
+    if opening.cancelled() or opening.exception() is not None:
+        return
+    page = opening.result()
+    closing = asyncio.ensure_future(page.close())
+    closing.add_done_callback(lambda done: done.cancelled() or done.exception())  # seen
