@@ -130,6 +130,15 @@ def test_reparse_reextracts_without_network(web, redis_url, mongo_uri, mongo_db_
     assert re.search(r"would change page_title '[^']+/about': title: 'About us \| Acme "
                      r"Outfitters' -> 'ABOUT US \| ACME OUTFITTERS'", cleaned.output)
     assert web.hits == []  # not one request reached the test web, robots.txt included
+    # A damaged blob: its page is skipped, and the run says how to repair it (blobs are
+    # write-once: a refetch alone kept the damaged one, and nothing said so).
+    about = db.pages.find_one({"url": f"{base}/about"})
+    (tmp_path / "blobs" / about["blob_key"]).write_bytes(b"\x28\xb5\x2f\xfd damaged")
+    damaged = runner.scrapy(["reparse", "test_products", *SPIDERS, "--url-pattern", "/about$"],
+                            env)
+    assert damaged.returncode == 1 and "is damaged" in damaged.stderr
+    assert ("to repair a missing or damaged blob, delete it from the blob store (if damaged), "
+            "then fetch its page again: scrapy seed test_products --force URL") in damaged.stderr
 
 
 def wait_log(log: Path, text: str, proc, timeout: float = 60) -> None:

@@ -209,6 +209,12 @@ class Command(ScrapyCommand):
               + (" (dry run: nothing written)" if opts.dry_run else ""))
         if stats.errors or stats.missing_blobs or stats.damaged_blobs:
             self.exitcode = 1
+        if stats.missing_blobs or stats.damaged_blobs:
+            # Blobs are write-once: a crawl that fetches such a page again finds its key
+            # and keeps the bad blob (a refetch alone repaired nothing, and nothing said so).
+            print(f"webfarm: to repair a missing or damaged blob, delete it from the blob "
+                  f"store (if damaged), then fetch its page again: scrapy seed {name} --force "
+                  f"URL ..., and a crawl", file=sys.stderr)
         if not stats.pages:  # not an error (a --since in the future), but often a typo
             where = f"{config.safe_url(mongo)}, database {index.db.name!r}"
             print(f"webfarm: no stored page of {name!r} matched in {where}; check "
