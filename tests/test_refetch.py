@@ -21,7 +21,7 @@ import pytest
 import redis
 from scrapy.settings import Settings
 
-from tests import runner
+from tests import crawlcheck, runner
 from tests.testweb import Response
 from tests.testweb.server import validators_for
 from webfarm.blobstore import open_blob_store
@@ -370,6 +370,18 @@ def test_recrawl_command_dry_run_and_bad_input(env, mongo_uri, mongo_db_name):
     assert "Traceback" not in result.output
     bad = runner.scrapy(["recrawl", "nosuchspider"], env, 60)
     assert bad.returncode == 2 and "no spider named 'nosuchspider'" in bad.stderr
+    # While another round runs (a cron run, a worker's), a second one waits its turn: two
+    # at once both read the pages as not queued and queued every due page twice.
+    server = redis.Redis.from_url(env["REDIS_URL"])
+    server.set("webfarm:{generic}:recrawl:running", "scrapy recrawl on box:42", px=60_000)
+    busy = runner.scrapy(["recrawl", "generic", "--now", "+120"], env, 60)
+    assert busy.returncode == 1 and (
+        "another recrawl round of generic is running (scrapy recrawl on box:42)") in busy.stderr
+    assert crawlcheck.frontier(env["REDIS_URL"]).counts()["queued"] == 0
+    server.delete("webfarm:{generic}:recrawl:running")
+    done = ok(runner.scrapy(["recrawl", "generic", "--now", "+120", "--json"], env, 60))
+    assert json.loads(done.strip().splitlines()[-1])["enqueued"] == 1
+    assert server.get("webfarm:{generic}:recrawl:running") is None  # given back at its end
 
 
 def test_recrawl_now_option():

@@ -28,6 +28,7 @@ recrawl does not stop when the frontier is empty (pages become due later), whate
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import heapq
 import logging
@@ -50,7 +51,7 @@ from twisted.internet.task import LoopingCall
 from webfarm import config
 from webfarm.frontier import Entry, Frontier, key_prefix
 from webfarm.queue import open_frontier, request_entry
-from webfarm.redisconn import redis_client
+from webfarm.redisconn import REDIS_FAILURES, redis_client
 from webfarm.serialize import SerializationError
 from webfarm.urls import within_domains
 
@@ -228,6 +229,32 @@ def lock_key(spider: str) -> str:
     return key_prefix(spider) + "recrawl:lock"
 
 
+def running_key(spider: str) -> str:
+    return key_prefix(spider) + "recrawl:running"
+
+
+@contextlib.contextmanager
+def one_round(server: redis.Redis, spider: str, owner: str,
+              seconds: float = 900.0) -> Iterator[str | None]:
+    """Hold ``webfarm:{SPIDER}:recrawl:running`` while a round runs: None when this one
+    holds it, else who does. Two rounds at once (two cron runs of ``scrapy recrawl``, or
+    one beside a worker's round) both read the pages as not queued yet and queued every
+    due page twice. Expires by itself if its holder dies."""
+    key = running_key(spider)
+    if not server.set(key, owner, nx=True, px=max(1, round(seconds * 1000))):
+        holder = server.get(key)
+        yield holder.decode("utf-8", "replace") if holder else "another round"
+        return
+    try:
+        yield None
+    finally:
+        with contextlib.suppress(*REDIS_FAILURES):
+            server.eval(_RELEASE, 1, key, owner)
+
+
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end"
+
+
 def take_lock(server: redis.Redis, spider: str, seconds: float, owner: str) -> bool:
     """One round per interval for the whole fleet: the lock expires after ``seconds`` and is
     never released early, so the next round anywhere is at least that far away."""
@@ -303,7 +330,12 @@ class RecrawlExtension:
         # again instead of racing the expiry; rounds stay >= 0.9 interval apart.
         if not take_lock(self.server, name, 0.9 * self.interval, self.owner):
             return None
-        return self.recrawler.run(limit=self.batch)
+        with one_round(self.server, name, self.owner) as busy:
+            if busy is not None:
+                logger.info("Recrawl: a round is running already (%s); this one skipped",
+                            busy)
+                return None
+            return self.recrawler.run(limit=self.batch)
 
     def _report(self, result: RoundResult | None) -> None:
         stats = self.crawler.stats

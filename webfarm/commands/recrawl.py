@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
+import socket
 from typing import Any, ClassVar
 
 import pymongo
@@ -27,7 +29,7 @@ from webfarm.commands._common import (
     service_variable,
     spider_class,
 )
-from webfarm.recrawl import Recrawler, RoundResult, utcnow
+from webfarm.recrawl import Recrawler, RoundResult, one_round, utcnow
 
 
 class Command(ScrapyCommand):
@@ -94,7 +96,17 @@ class Command(ScrapyCommand):
         try:
             pages = client[database]["pages"]
             recrawler = Recrawler(pages, frontier, name, fingerprinter)
-            result = recrawler.run(now=now, limit=opts.limit, dry_run=opts.dry_run)
+            if opts.dry_run:  # reads only
+                result = recrawler.run(now=now, limit=opts.limit, dry_run=True)
+            else:
+                owner = f"scrapy recrawl on {socket.gethostname()}:{os.getpid()}"
+                with one_round(frontier.server, name, owner) as busy:
+                    if busy is not None:
+                        raise CommandError(
+                            f"another recrawl round of {name} is running ({busy}); run this "
+                            "one when it has ended (two at once queued every due page twice)",
+                            BAD_CONFIG)
+                    result = recrawler.run(now=now, limit=opts.limit)
         finally:
             client.close()
         print(render(name, result, opts.json))
