@@ -63,7 +63,7 @@ from webfarm.render import (
     visible_text_length,
 )
 from webfarm.rendermemory import HostMemory
-from webfarm.urls import host_of
+from webfarm.urls import host_of, within_domains
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -120,6 +120,7 @@ class RenderMiddleware:
         self._served: defaultdict[str, int] = defaultdict(int)
         self._no_browser_logged = False
         self._check_said = False  # a render_check that the rendered page failed too
+        self._offsite_said: set[str] = set()  # hosts a render went off to, said
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RenderMiddleware:
@@ -253,6 +254,7 @@ class RenderMiddleware:
                 if refused is not None:
                     self.stats.inc_value(f"{PREFIX}/browser_refused")
                     raise DeadLetter(refused)
+                self._check_offsite(request, response.url)
             ctype = response.headers.get(b"Content-Type", b"").split(b";")[0].strip().lower()
             if ctype and ctype not in _HTML_TYPES:
                 # Chromium shows a PDF, JSON or plain text in a viewer of its own, and the
@@ -298,6 +300,30 @@ class RenderMiddleware:
                             "was enough)", host, request.url)
         self.stats.inc_value(f"{PREFIX}/http")
         return response
+
+    def _check_offsite(self, request: Request, final_url: str) -> None:
+        """A render that ended outside the spider's hosts (the page's script, or a
+        redirect, sent the browser there) is not stored, as an HTTP redirect there is not
+        followed: its body was the other site's page, stored under this URL. Said once per
+        host; a start URL's is dead-lettered, to be requeued once the host is added."""
+        spider = self.crawler.spider
+        within = within_domains(getattr(spider, "allowed_domains", None) or ())
+        if (within is None or within(final_url) or not within(request.url)
+                or request.meta.get("allow_offsite")):
+            return
+        self.stats.inc_value(f"{PREFIX}/browser_offsite")
+        host = urlsplit(final_url).hostname or ""
+        fix = (f"to keep it, add {host} to the spider's hosts (-a domains=… or "
+               f"allowed_domains; now {', '.join(spider.allowed_domains)})")
+        if request.meta.get("depth", 0) == 0:
+            raise DeadLetter(f"browser went offsite: {request.url[:200]} → {final_url[:200]}; "
+                             f"{fix}, then `scrapy dlq {spider.name} --requeue`")
+        if host not in self._offsite_said:
+            self._offsite_said.add(host)
+            logger.warning("Render: %s sent the browser to %s, outside the spider's hosts: "
+                           "not stored; %s (said once per host)", request.url,
+                           final_url[:200], fix)
+        raise IgnoreRequest(f"browser went offsite: {final_url[:200]}")
 
     def _over_http(self, request: Request) -> Request:
         """The same URL again over plain HTTP, back through the frontier."""

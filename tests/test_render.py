@@ -608,3 +608,25 @@ def test_bad_render_modes_stop_the_worker_with_one_line(stores):
                             {**env, "WEBFARM_RENDER": "fast"}, 60)
     assert bad_env.returncode != 0 and "Traceback" not in bad_env.output
     assert "WEBFARM_RENDER='fast' is not a render mode" in bad_env.output
+
+
+def test_a_page_whose_script_leaves_the_site_is_not_stored_as_the_other_site(web, stores,
+                                                                            redis_url):
+    """A script sent the browser to another site, and that site's page was stored under
+    this site's URL (final_url told, nothing else), as an HTTP redirect there is not."""
+    base, other = web.base_urls
+    web.route("/away", Response.html(
+        f"<html><body><p>leaving</p><script>location.href = '{other}/about'</script>"
+        "</body></html>"), host=base, prefix=False)
+    links = '<a href="/away">away</a> <a href="/stay">stay</a>'
+    web.route("/", Response.html(f"<html><body><p>home</p>{links}</body></html>"), host=base,
+              prefix=False)
+    web.route("/stay", Response.html("<html><body><p>stay</p></body></html>"), host=base,
+              prefix=False)
+    result = crawl(runner.env_for(**stores), "-a", f"start={base}/", "-a", "render=browser")
+    stored = pages(stores)
+    assert set(stored) == {f"{base}/", f"{base}/stay"}, result.output[-3000:]
+    assert stat(result, "webfarm/render/browser_offsite") == 1
+    assert result.output.count(f"sent the browser to {other}/about, outside the spider's "
+                               "hosts: not stored") == 1
+    assert frontier(redis_url).dead_letters() == []
