@@ -443,3 +443,22 @@ def test_a_reader_that_stops_early_ends_the_listing_quietly(monkeypatch):
     sys.stdout.flush()
     for command in (frontier.Command, dlq.Command):
         assert command.run.__wrapped__  # type: ignore[attr-defined]
+
+
+def test_a_second_requeue_or_purge_waits_for_the_first(redis_url, tmp_path):
+    """Two `scrapy dlq --requeue` at once both pushed the same letters before removing
+    them: 5,501 requeued from 5,001 letters, 1,000 URLs queued twice."""
+    frontier = frontier_of(redis.Redis.from_url(redis_url))
+    frontier.push([Entry("a.test", 0, b"fp-a", json.dumps({"url": "http://a.test/x"}))])
+    frontier.dead(frontier.pop("w").lease_id, "HTTP 500", status=500)
+    server = redis.Redis.from_url(redis_url)
+    server.set("webfarm:{generic}:dlq:busy", "scrapy dlq --requeue on box:7", px=60_000)
+    env = runner.env_for(REDIS_URL=redis_url)
+    busy = runner.scrapy(["dlq", "generic", "--requeue"], env, 60)
+    assert busy.returncode == 1 and ("another change to generic's dead letters is running "
+                                     "(scrapy dlq --requeue on box:7)") in busy.stderr
+    assert frontier.counts()["dead"] == 1 and frontier.counts()["queued"] == 0
+    server.delete("webfarm:{generic}:dlq:busy")
+    done = runner.scrapy(["dlq", "generic", "--requeue"], env, 60)
+    assert done.returncode == 0 and "requeued 1 dead letters" in done.stdout, done.output
+    assert frontier.counts()["queued"] == 1 and server.get("webfarm:{generic}:dlq:busy") is None

@@ -51,7 +51,7 @@ from twisted.internet.task import LoopingCall
 from webfarm import config
 from webfarm.frontier import Entry, Frontier, key_prefix
 from webfarm.queue import open_frontier, request_entry
-from webfarm.redisconn import REDIS_FAILURES, redis_client
+from webfarm.redisconn import held, redis_client
 from webfarm.serialize import SerializationError
 from webfarm.urls import within_domains
 
@@ -233,26 +233,13 @@ def running_key(spider: str) -> str:
     return key_prefix(spider) + "recrawl:running"
 
 
-@contextlib.contextmanager
 def one_round(server: redis.Redis, spider: str, owner: str,
-              seconds: float = 900.0) -> Iterator[str | None]:
-    """Hold ``webfarm:{SPIDER}:recrawl:running`` while a round runs: None when this one
-    holds it, else who does. Two rounds at once (two cron runs of ``scrapy recrawl``, or
-    one beside a worker's round) both read the pages as not queued yet and queued every
-    due page twice. Expires by itself if its holder dies."""
-    key = running_key(spider)
-    if not server.set(key, owner, nx=True, px=max(1, round(seconds * 1000))):
-        holder = server.get(key)
-        yield holder.decode("utf-8", "replace") if holder else "another round"
-        return
-    try:
-        yield None
-    finally:
-        with contextlib.suppress(*REDIS_FAILURES):
-            server.eval(_RELEASE, 1, key, owner)
-
-
-_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end"
+              seconds: float = 900.0) -> contextlib.AbstractContextManager[str | None]:
+    """Hold ``webfarm:{SPIDER}:recrawl:running`` while a round runs (None: this one
+    holds it, else who does). Two rounds at once (two cron runs of ``scrapy recrawl``,
+    or one beside a worker's round) both read the pages as not queued yet and queued
+    every due page twice."""
+    return held(server, running_key(spider), owner, seconds)
 
 
 def take_lock(server: redis.Redis, spider: str, seconds: float, owner: str) -> bool:

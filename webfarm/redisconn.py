@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import redis
@@ -85,3 +86,22 @@ async def run_script(client: AnyRedis, script: Any, calls: Sequence[tuple[Sequen
                 raise reply
         return list(replies)
     raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def held(server: redis.Redis, key: str, owner: str, seconds: float) -> Iterator[str | None]:
+    """Hold ``key`` (``SET NX PX``) for the ``with`` block: None when this one holds it,
+    else who does (its value). Given back at the end; expires by itself if its holder
+    dies. For work two runs must not do at once (they would both queue the same URLs)."""
+    if not server.set(key, owner, nx=True, px=max(1, round(seconds * 1000))):
+        holder = server.get(key)
+        yield holder.decode("utf-8", "replace") if holder else "someone"
+        return
+    try:
+        yield None
+    finally:
+        with contextlib.suppress(*REDIS_FAILURES):
+            server.eval(_RELEASE, 1, key, owner)
+
+
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end"

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import secrets
+import socket
 from collections.abc import Generator
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -42,6 +44,7 @@ from webfarm.commands._common import (
 )
 from webfarm.config import mask_credentials
 from webfarm.frontier import Entry, Frontier
+from webfarm.redisconn import held
 
 CHUNK = 500
 Chunk = list[tuple[int, bytes, dict[str, Any]]]  # (index in the dead list, raw, parsed)
@@ -229,10 +232,17 @@ class Command(ScrapyCommand):
                                             writes=opts.action in ("requeue", "purge"))
             letters = DeadLetters(frontier)
             try:
-                if opts.action == "requeue":
-                    self._requeue(letters, pattern)
-                elif opts.action == "purge":
-                    self._purge(letters, pattern)
+                if opts.action in ("requeue", "purge"):
+                    owner = f"scrapy dlq --{opts.action} on {socket.gethostname()}:{os.getpid()}"
+                    with held(frontier.server, frontier.key("dlq:busy"), owner, 900) as busy:
+                        if busy is not None:  # two at once queued letters twice
+                            raise CommandError(
+                                f"another change to {args[0]}'s dead letters is running "
+                                f"({busy}); run this one when it has ended", BAD_CONFIG)
+                        if opts.action == "requeue":
+                            self._requeue(letters, pattern)
+                        else:
+                            self._purge(letters, pattern)
                 else:
                     self._list(letters, pattern, opts.limit, opts.json)
             except redis.RedisError as exc:
