@@ -74,6 +74,7 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "webfarm/render"
 _HTML_TYPES = frozenset({b"text/html", b"application/xhtml+xml"})
+BROWSER_FAILURES_TO_API = 3  # renders of a host that failed before its pages go to the API
 META_MODE = "render"  # the user's per-request mode
 META_RUNG = "webfarm_render_rung"  # the rung chosen for this request: http|browser|api
 META_WHY = "webfarm_render_why"  # mode|auto|memory|probe|escalated|spider|browser_failed|not_html
@@ -121,6 +122,7 @@ class RenderMiddleware:
         self._no_browser_logged = False
         self._check_said = False  # a render_check that the rendered page failed too
         self._offsite_said: set[str] = set()  # hosts a render went off to, said
+        self._browser_failures: dict[str, int] = {}  # host -> renders failed, this worker
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RenderMiddleware:
@@ -361,7 +363,15 @@ class RenderMiddleware:
             meta[META_RUNG], meta[META_WHY] = "api", "browser_failed"
             page = await self._via_api(request)
             if self.memory is not None and self.mode_of(request) == "auto":
-                await self.memory.remember(host_of(request.url), "api")  # skip the browser next
+                # Skip the browser next, and pay for the API, once the browser failed the
+                # host a few times, or is missing: one slow page (a navigation timeout)
+                # sent every later page of a host the browser renders fine to the API.
+                host = host_of(request.url)
+                if len(self._browser_failures) > 10_000:
+                    self._browser_failures.clear()
+                failures = self._browser_failures[host] = self._browser_failures.get(host, 0) + 1
+                if missing or failures >= BROWSER_FAILURES_TO_API:
+                    await self.memory.remember(host, "api")
             return page
         if missing:
             raise DeadLetter(f"needs a browser: {exception}", error="BrowserNotFound")

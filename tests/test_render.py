@@ -320,6 +320,42 @@ def test_browser_failure_falls_back_to_the_api_and_is_remembered(web, stores, re
                                "file; fix it or unset it") == 1
 
 
+def test_one_page_the_browser_fails_does_not_send_its_host_to_the_fetch_api(web, stores,
+                                                                            redis_url):
+    """One page whose third-party script never finished loading timed the browser out;
+    the fetch API delivered it, and the host was remembered as an API host: every later
+    page of a site the browser renders fine went to the paid API."""
+    key = f"sk-{uuid.uuid4().hex}"
+    site = JsSite(pages=3).install(web, web.base_urls[1])
+
+    def slow_script(info):
+        time.sleep(4)
+        return Response.text("window.late = 1;", content_type="application/javascript")
+
+    web.route("/slow.js", slow_script, host=site.host)
+    web.route("/hang", Response.html(
+        '<!doctype html><html><head><title>hang</title><script async src="/slow.js"></script>'
+        '</head><body><div id="app"></div><script>document.getElementById("app").innerHTML'
+        ' = "<h1>Hang</h1><p>built at once</p>";</script></body></html>'), host=site.host,
+        prefix=False)
+    with FetchAPIServer(key) as api:
+        env = runner.env_for(**stores, WEBFARM_FETCH_API_URL=api.url, WEBFARM_FETCH_API_KEY=key,
+                             WEBFARM_RENDER_PROBE_RATE="0")
+        starts = ",".join([f"{site.url().rstrip('/')}/hang", *(site.url(n) for n in range(3))])
+        # Not crawl(): scrapy-playwright logs the timed-out page's traceback itself.
+        result = runner.scrapy(["crawl", "generic", "-a", f"start={starts}", "-s",
+                                "PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT=1500", "-s",
+                                "WEBFARM_HOST_DELAY=0", "-s", "WEBFARM_AUTOTHROTTLE=False"],
+                               env, 120)
+        assert result.returncode == 0, result.output[-3000:]
+        calls = [u for u, _ in api.calls]
+    assert calls == [f"{site.url().rstrip('/')}/hang"], result.output[-3000:]
+    assert stat(result, "webfarm/render/browser_failed") == 1
+    mode = redis.Redis.from_url(redis_url).hget(
+        f"webfarm:{{generic}}:render:{site.host.split('//')[1]}", "mode")
+    assert mode != b"api"
+
+
 def test_a_rendered_page_with_half_a_surrogate_pair_is_stored(web, stores, redis_url):
     """A JavaScript string may hold half a surrogate pair (a cut emoji); the DOM keeps it
     and scrapy-playwright could not encode the page: a failed download, rendered again
