@@ -38,6 +38,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from webfarm import neardup
 from webfarm.bulkwrite import WriteOp, write_unordered
+from webfarm.refetch import as_utc
 from webfarm.urlcounts import CountMoves, count_ops, counted_by_insert, forget_orphans
 from webfarm.urls import canonical_url, url_fingerprint
 
@@ -132,11 +133,7 @@ def utc(ts: float) -> dt.datetime:
 def _later_stored(before: dict[str, Any] | None, page: dict[str, Any]) -> bool:
     """Whether the stored page was fetched after ``page`` (workers' clocks decide)."""
     stored = (before or {}).get("fetched_at")
-    if not isinstance(stored, dt.datetime):
-        return False
-    if stored.tzinfo is None:  # pymongo reads naive UTC unless told otherwise
-        stored = stored.replace(tzinfo=dt.timezone.utc)
-    return stored > utc(page["fetched_at"])
+    return isinstance(stored, dt.datetime) and as_utc(stored) > utc(page["fetched_at"])
 
 
 class IndexStore:

@@ -36,6 +36,7 @@ from pymongo.database import Database
 from webfarm.bulkwrite import WriteOp, write_unordered
 from webfarm.config import ConfigError
 from webfarm.exceptions import ItemError
+from webfarm.refetch import as_utc
 
 CREATED, CHANGED, UNCHANGED = "created", "changed", "unchanged"
 SUPERSEDED = "superseded"  # not written: a later extraction is stored
@@ -96,11 +97,7 @@ def item_hash(fields: dict[str, Any]) -> str:
 def _later(doc: dict[str, Any] | None, at: dt.datetime) -> bool:
     """Whether the stored item was extracted after ``at``."""
     stored = (doc or {}).get("extracted_at")
-    if not isinstance(stored, dt.datetime):
-        return False
-    if stored.tzinfo is None:  # pymongo reads naive UTC unless told otherwise
-        stored = stored.replace(tzinfo=dt.timezone.utc)
-    return stored > (at if at.tzinfo else at.replace(tzinfo=dt.timezone.utc))
+    return isinstance(stored, dt.datetime) and as_utc(stored) > as_utc(at)
 
 
 def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None,
@@ -207,11 +204,8 @@ def _same_ms(stored: Any, at: dt.datetime) -> bool:
     """``stored`` (a BSON date: milliseconds, UTC) is ``at``."""
     if not isinstance(stored, dt.datetime):
         return False
-    if stored.tzinfo is None:
-        stored = stored.replace(tzinfo=dt.timezone.utc)
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=dt.timezone.utc)
-    return stored == at.replace(microsecond=at.microsecond // 1000 * 1000)
+    at = as_utc(at)
+    return as_utc(stored) == at.replace(microsecond=at.microsecond // 1000 * 1000)
 
 
 class ItemStore:

@@ -52,6 +52,7 @@ from webfarm import config
 from webfarm.frontier import Entry, Frontier, key_prefix
 from webfarm.queue import open_frontier, request_entry
 from webfarm.redisconn import held, redis_client
+from webfarm.refetch import as_utc
 from webfarm.serialize import SerializationError
 from webfarm.urls import within_domains
 
@@ -69,10 +70,6 @@ _FIELDS = ("url", "next_fetch_at", "refetch_interval", "fetched_at", "etag", "la
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
-
-
-def _aware(value: dt.datetime) -> dt.datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=dt.timezone.utc)
 
 
 @dataclass(frozen=True, order=True)
@@ -102,9 +99,9 @@ def _still_queued(doc: Mapping[str, Any], wall: dt.datetime) -> bool:
     queued = doc.get("recrawl_queued_at")
     if queued is None:
         return False
-    queued = _aware(queued)
+    queued = as_utc(queued)
     fetched = doc.get("fetched_at")
-    if fetched is not None and _aware(fetched) >= queued:
+    if fetched is not None and as_utc(fetched) >= queued:
         return False  # fetched since it was enqueued
     wait = max(float(doc.get("refetch_interval") or 0.0), REQUEUE_AFTER)
     return (wall - queued).total_seconds() < wait
@@ -131,7 +128,7 @@ def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = Non
             if queued_marks and _still_queued(doc, wall):
                 skipped += 1
                 continue
-            overdue = (now - _aware(doc["next_fetch_at"])).total_seconds()
+            overdue = (now - as_utc(doc["next_fetch_at"])).total_seconds()
             interval = float(doc.get("refetch_interval") or 0.0)
             ratio = overdue / interval if interval > 0 else overdue
             yield DuePage(ratio, overdue, doc["url"], doc["_id"], doc.get("etag") or None,
@@ -149,7 +146,7 @@ def _http_date(value: Any) -> str | None:
     if not value:
         return None
     if isinstance(value, dt.datetime):
-        return format_datetime(_aware(value).astimezone(dt.timezone.utc), usegmt=True)
+        return format_datetime(as_utc(value).astimezone(dt.timezone.utc), usegmt=True)
     return str(value)
 
 

@@ -214,7 +214,9 @@ def _bounds(values: Mapping[str, float]) -> Bounds:
     return Bounds(lo, hi, min(max(values["initial"], lo), hi), values["cost"])
 
 
-def _aware(value: Any) -> dt.datetime:
+def as_utc(value: Any) -> dt.datetime:
+    """Epoch seconds, or a BSON date (naive UTC unless the client is ``tz_aware``), as an
+    aware UTC datetime."""
     if isinstance(value, (int, float)):
         return dt.datetime.fromtimestamp(value, tz=dt.timezone.utc)
     if value.tzinfo is None:
@@ -307,7 +309,7 @@ class RefetchPolicy:
         content differs from it (a 304 is unchanged)."""
         doc = before or {}
         bounds = self.bounds_for(url or doc.get("url") or "", host or doc.get("host") or "")
-        fetched = _aware(fetched_at)
+        fetched = as_utc(fetched_at)
         prev, last = doc.get("refetch_interval"), doc.get("fetched_at")
         checks = float(doc.get("checks") or 0.0)
         changes = float(doc.get("changes_seen") or 0.0)
@@ -315,7 +317,7 @@ class RefetchPolicy:
         if not before or last is None or not prev or prev <= 0:
             interval = bounds.initial
         else:
-            elapsed = (fetched - _aware(last)).total_seconds()
+            elapsed = (fetched - as_utc(last)).total_seconds()
             interval, checks, changes, seconds = self.advance(
                 bounds.clip(float(prev)), bool(changed), elapsed, checks, changes, seconds,
                 bounds.min, bounds.max, bounds.initial, bounds.cost)
