@@ -252,18 +252,24 @@ def test_disallowed_never_fetched_even_by_the_first_burst_of_two_workers(web, st
     assert cached[b"state"] == b"parsed" and cached[b"body"] == robots.encode()
 
 
+def slow_robots_site(web, base: str, seconds: float) -> list[str]:
+    """A mini site of 4 pages whose robots.txt takes ``seconds`` to answer."""
+    urls = mini_site(web, base, pages=4, private=0)
+
+    def slow_robots(info):
+        time.sleep(seconds)
+        return Response.text("User-agent: *\nDisallow: /private/\n")
+
+    web.route("/robots.txt", slow_robots, host=base)
+    return urls
+
+
 def test_requests_held_for_a_slow_robots_txt_keep_the_host_delay(web, stores):
     """While robots.txt took its time, the frontier handed the host's pages out one per
     WEBFARM_HOST_DELAY, and the worker held them all: they went out at once when it
     answered (only a Crawl-delay spaced them again)."""
     base = web.base_urls[1]
-    urls = mini_site(web, base, pages=4, private=0)
-
-    def slow_robots(info):
-        time.sleep(1.5)
-        return Response.text("User-agent: *\nDisallow: /private/\n")
-
-    web.route("/robots.txt", slow_robots, host=base)
+    urls = slow_robots_site(web, base, 1.5)
     result = runner.scrapy(crawl_args(urls[1:]), env(stores, WEBFARM_HOST_DELAY="0.4",
                                                      WEBFARM_AUTOTHROTTLE="False"), 120)
     assert result.returncode == 0, result.output[-3000:]
@@ -304,13 +310,7 @@ def test_two_workers_keep_the_host_delay_after_a_slow_robots_txt(web, stores, tm
     held (given back, handed out again at once: its turn was long due) reached the host
     0.05 s later, where the delay was 1.5 s."""
     base = web.base_urls[1]
-    urls = mini_site(web, base, pages=4, private=0)
-
-    def slow_robots(info):
-        time.sleep(2.0)
-        return Response.text("User-agent: *\nDisallow: /private/\n")
-
-    web.route("/robots.txt", slow_robots, host=base)
+    urls = slow_robots_site(web, base, 2.0)
     environment = env(stores, WEBFARM_HOST_DELAY="0.8", WEBFARM_AUTOTHROTTLE="False")
     procs = [runner.popen(crawl_args(urls[1:]), environment, tmp_path / f"{n}.log")
              for n in "ab"]
