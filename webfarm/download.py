@@ -154,6 +154,7 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         self._render_pages: weakref.WeakKeyDictionary[Request, Page] = (
             weakref.WeakKeyDictionary())
         self._own_pages: weakref.WeakSet[Page] = weakref.WeakSet()  # not popups
+        self._openings: set[asyncio.Future[Page]] = set()  # own pages being opened
         self._opened: weakref.WeakKeyDictionary[Request, asyncio.Event] = (
             weakref.WeakKeyDictionary())
         # The handler calls its module's name; set once, for every handler in the process.
@@ -238,13 +239,14 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         # timeouts the worker's browser rung stood still. The opening now runs to its end
         # and a page opened for a cancelled render is closed, which frees its slot.
         opening = asyncio.ensure_future(super()._create_page(request=request, spider=spider))
+        self._openings.add(opening)
+        opening.add_done_callback(self._opened_own)
         try:
             page = await asyncio.shield(opening)
         except asyncio.CancelledError:
             opening.add_done_callback(_close_unwanted)
             raise
         self._render_pages[request] = page
-        self._own_pages.add(page)
         if (opened := self._opened.get(request)) is not None:
             opened.set()
         return page
@@ -263,18 +265,22 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         with contextlib.suppress(Exception):  # the popup may be closed already
             await route.abort()
 
+    def _opened_own(self, opening: asyncio.Future[Page]) -> None:
+        """Known as ours before anything awaits the opening (a popup check among them)."""
+        self._openings.discard(opening)
+        if not opening.cancelled() and opening.exception() is None:
+            self._own_pages.add(opening.result())
+
     async def _close_popup(self, page: Page) -> None:
         """Every new page of the context: a popup is closed. (A page's own "popup" event
         is not sent once that page is closed, which a render does as soon as it has read
-        it: the popup stayed open, a renderer process each.)"""
-        try:
-            opener = await page.opener()
-        except Exception:  # closed meanwhile
+        it: the popup stayed open, a renderer process each.) A page of ours is known once
+        the openings under way as it appeared have ended; a popup's opener may be closed
+        by then, and a guess by time missed some (a popup counted 0 under load)."""
+        if self._openings:
+            await asyncio.wait(set(self._openings), timeout=self.navigation_timeout or None)
+        if page in self._own_pages:
             return
-        if opener is None:  # a page of ours, or a popup whose opener closed already
-            await asyncio.sleep(0.5)  # ours is known once new_page() has returned
-            if page in self._own_pages or page.is_closed():
-                return
         self.stats.inc_value("webfarm/render/popups")
         logger.debug("Closed a popup a page opened: %s", page.url)
         with contextlib.suppress(Exception):
