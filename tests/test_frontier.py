@@ -121,6 +121,25 @@ def test_a_worker_with_a_shorter_default_delay_does_not_speed_up_the_fleet(
             "host by the longest") in caplog.text
 
 
+def test_a_host_s_own_shorter_delay_does_not_undercut_the_fleet_default(
+        redis_url: str) -> None:
+    """The shorter worker's latency rule set each host it fetched to about its own 0.1 s
+    default, and a host's own delay replaced the fleet's: those hosts went ten times
+    faster, for every worker. A host's own delay now only raises the default."""
+    slow = Frontier(redis.Redis.from_url(redis_url), "spider", default_delay=1.0)
+    fast = Frontier(redis.Redis.from_url(redis_url), "spider", default_delay=0.1)
+    slow.push([entry("h.test", str(i)) for i in range(3)])
+    assert slow.pop("slow") is not None
+    fast.set_delay("h.test", 0.15)  # what its latency rule sends after a quick answer
+    assert wait_until(lambda: fast.pop("fast"), timeout=3) is not None
+    t0 = time.monotonic()  # the next turn is a delay from this hand-out
+    assert wait_until(lambda: fast.pop("fast"), timeout=3) is not None
+    assert time.monotonic() - t0 > 0.8
+    assert fast.get_delay("h.test") == 1.0  # as `scrapy frontier` shows it
+    fast.set_delay("h.test", 1.5)  # a longer one still counts
+    assert fast.get_delay("h.test") == 1.5
+
+
 def test_longer_delay_pushes_back_the_pending_slot(frontier: Frontier) -> None:
     frontier.set_delay("h.test", 0.1)
     frontier.push([entry("h.test", "1"), entry("h.test", "2")])

@@ -430,8 +430,11 @@ class Frontier(FrontierReads):
         return [host, repr(float(seconds)), round(self.default_delay * 1000)]
 
     def get_delay(self, host: str) -> float:
+        """The host's delay as the frontier spaces it: its own, never below the fleet's
+        default (:meth:`effective_default_delay`)."""
         value = self.server.hget(self.key("delay"), host)
-        return self.default_delay if value is None else float(value)
+        default = self.effective_default_delay()
+        return default if value is None else max(float(value), default)
 
     def defer_host(self, host: str, until_seconds_from_now: float) -> None:
         """Retry-After: the host's next-allowed time becomes max(current, now + x)."""

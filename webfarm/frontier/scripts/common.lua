@@ -175,9 +175,12 @@ local function fleet_default(worker, own_ms)
   return best
 end
 
+-- A host's own delay (robots.txt, the latency rule, DOWNLOAD_SLOTS, 429s) raises the fleet's
+-- default, never lowers it: a worker with a shorter default set each host it fetched to
+-- about that default, and those hosts went as fast as that worker's setting for everyone.
 local function host_delay_ms(host, default_ms)
   local d = tonumber(redis.call('HGET', K_DELAY, host) or '')
-  if d then return math.floor(d * 1000 + 0.5) end
+  if d then return math.max(math.floor(d * 1000 + 0.5), default_ms) end
   return default_ms
 end
 

@@ -257,9 +257,10 @@ end
 -- next-allowed time (it was computed with the old, shorter delay).
 OPS.set_delay = function()
   local host = ARGV[3]
-  local old = host_delay_ms(host, fleet_default('', tonumber(ARGV[5])))
+  local default_ms = fleet_default('', tonumber(ARGV[5]))
+  local old = host_delay_ms(host, default_ms)
   redis.call('HSET', K_DELAY, host, ARGV[4])
-  local new = host_delay_ms(host, 0)
+  local new = host_delay_ms(host, default_ms)
   if new > old then
     for _, key in ipairs({K_READY, K_COOL}) do
       local cur = tonumber(redis.call('ZSCORE', key, host) or '')
