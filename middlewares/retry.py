@@ -12,7 +12,9 @@ HTTP date, capped at ``WEBFARM_RETRY_AFTER_MAX``) defers the whole host: a
 ``host_defer`` signal makes the frontier hand out none of its requests before
 then (every worker), this worker holds back those it already took, and the
 request itself comes back after exactly that wait instead of the backoff. A
-missing or garbage value means the usual backoff.
+missing or garbage value means the usual backoff. Every 429, with a ``Retry-After`` or
+not, also doubles the host's delay, which comes down again by a tenth an answer
+(:mod:`webfarm.ratelimit`, ``WEBFARM_RATE_LIMIT_BACKOFF``).
 
 Uses Scrapy's own ``RETRY_ENABLED``, ``RETRY_HTTP_CODES``, ``RETRY_EXCEPTIONS``
 and the ``dont_retry`` meta key; ``WEBFARM_RETRY_AFTER`` switches the deferral.
@@ -44,8 +46,10 @@ from scrapy.utils.response import response_status_message
 
 from webfarm import signals as wf_signals
 from webfarm.exceptions import RetryLater, error_text
+from webfarm.hostmemory import host_memory_size
 from webfarm.outcomes import retry_here
-from webfarm.queue import LEASE, allowed_attempts
+from webfarm.queue import LEASE, allowed_attempts, host_delay
+from webfarm.ratelimit import RateLimits
 from webfarm.urls import host_of
 
 logger = logging.getLogger(__name__)
@@ -88,7 +92,11 @@ class FrontierRetryMiddleware:
         settings = crawler.settings
         self.retry_enabled = settings.getbool("RETRY_ENABLED")
         self.retry_after = settings.getbool("WEBFARM_RETRY_AFTER", True)
-        if not self.retry_enabled and not self.retry_after:
+        self.rate_limits = (RateLimits(host_delay(settings),
+                                       settings.getfloat("AUTOTHROTTLE_MAX_DELAY", 60.0),
+                                       host_memory_size(settings))
+                            if settings.getbool("WEBFARM_RATE_LIMIT_BACKOFF", True) else None)
+        if not self.retry_enabled and not self.retry_after and self.rate_limits is None:
             raise NotConfigured
         self.crawler = crawler
         self.stats = crawler.stats
@@ -121,6 +129,8 @@ class FrontierRetryMiddleware:
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Response:
         wait = None
+        if self.rate_limits is not None and (response.status == 429 or self.rate_limits.delays):
+            self._rate_limit(request, response)
         if self.retry_after and response.status in RETRY_AFTER_STATUSES:
             wait = self._defer_host(request, response)
         if (not self.retry_enabled or request.meta.get("dont_retry")
@@ -144,6 +154,24 @@ class FrontierRetryMiddleware:
             error = error_text(exception)
             raise RetryLater(f"network error: {error}", error=error) from exception
         return None
+
+    def _rate_limit(self, request: Request, response: Response) -> None:
+        """A 429 doubles its host's delay; another answer takes a tenth off."""
+        assert self.rate_limits is not None
+        host = host_of(request.url)
+        if response.status == 429:
+            self._inc("webfarm/rate_limit/refused")
+            delay = self.rate_limits.refused(host)
+            if delay is not None:
+                logger.info("%s answered 429: %.1fs between two of its requests now, for "
+                            "every worker, down a tenth with each other answer", host, delay)
+                if self.stats is not None:
+                    self.stats.max_value("webfarm/rate_limit/max_delay", round(delay, 3))
+        else:
+            delay = self.rate_limits.answered(host)
+        if delay is not None:
+            self.crawler.signals.send_catch_log(wf_signals.host_delay, host=host, delay=delay,
+                                                source=wf_signals.RATE_LIMITED)
 
     def _defer_host(self, request: Request, response: Response) -> float | None:
         raw = response.headers.get(b"Retry-After")

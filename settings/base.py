@@ -104,6 +104,7 @@ WEBFARM_ROBOTS_WAIT = 30.0  # seconds to wait for another worker's robots.txt fe
 WEBFARM_MAX_CRAWL_DELAY = 60.0  # a larger robots.txt Crawl-delay is capped (and logged)
 WEBFARM_RETRY_AFTER = True  # honour Retry-After on 429/503 by deferring the host
 WEBFARM_RETRY_AFTER_MAX = 3600.0  # a longer Retry-After is capped (and logged)
+WEBFARM_RATE_LIMIT_BACKOFF = True  # a 429 doubles its host's delay; other answers lower it
 DOWNLOAD_DELAY = 0.0
 CONCURRENT_REQUESTS = 16
 CONCURRENT_REQUESTS_PER_DOMAIN = 8

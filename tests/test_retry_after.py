@@ -18,6 +18,7 @@ from tests.test_robots import (
     stat,
     stored_urls,
 )
+from webfarm.ratelimit import RateLimits
 
 NOW = 1_800_000_000.0
 
@@ -121,3 +122,54 @@ def test_a_worker_waiting_on_its_frontier_says_why_at_the_log_s_pace(caplog):
     assert caplog.records[0].getMessage().endswith(
         "`scrapy dlq acme`. No proxy is healthy: eu-1, eu-2 retired (WEBFARM_PROXIES); fix "
         "or replace them, then delete their webfarm:proxies:<id> keys")
+
+
+def rate_limiter(window: float):
+    """A handler: a page request within ``window`` seconds of the host's last page answer
+    gets a bare 429 (no Retry-After), as many sites' limiters send; counts them."""
+    state = {"last": 0.0, "refused": 0}
+    lock = threading.Lock()
+
+    def handler(info):
+        if info.path == "/robots.txt":
+            return None
+        with lock:
+            now = time.monotonic()
+            if now - state["last"] < window:
+                state["refused"] += 1
+                return type(info.catalogue())(429, {"Content-Type": "text/plain"},
+                                              b"too many requests\n")
+            state["last"] = now
+        return None
+
+    return handler, state
+
+
+def test_a_bare_429_slows_the_host_for_the_fleet(web, stores):
+    """A limiter that answers 429 without Retry-After: the host delay stayed at 0.2 s, so
+    about every other request was refused and retried, and pages ran out of attempts."""
+    base = web.base_urls[0]
+    urls = mini_site(web, base, pages=10, private=0)
+    handler, state = rate_limiter(window=0.7)
+    web.route("/page/", handler, host=base)  # newer: ahead of the pages, falls through
+    result = run(crawl_args(urls[:1], "WEBFARM_RETRY_TIMES=3"),
+                 env(stores, WEBFARM_HOST_DELAY="0.2"), timeout=120)
+    assert stored_urls(stores) == set(urls)
+    assert frontier_of(stores["REDIS_URL"]).counts()["dead"] == 0
+    # Doubled at each 429 (0.4, 0.8 s), then back down a tenth a page: a few more 429s as
+    # it comes down again, not one a page.
+    assert 1 <= state["refused"] <= 6, state
+    assert stat(result.output, "webfarm/rate_limit/refused") == state["refused"]
+    assert "answered 429" in result.output
+
+
+def test_rate_limits_double_then_come_down_a_tenth_an_answer():
+    limits = RateLimits(base=0.2, maximum=3.0, memory=10)
+    assert [limits.refused("h") for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, None]  # capped
+    assert limits.answered("other") is None  # no 429 slowed it: nothing to send
+    downs = [limits.answered("h") for _ in range(30)]
+    assert downs[0] == pytest.approx(2.7) and downs[1] == pytest.approx(2.43)
+    back = downs.index(0.2)  # the default, sent once, and the host forgotten
+    assert 20 < back < 30 and downs[back + 1:] == [None] * (29 - back)
+    assert "h" not in limits.delays
+    assert limits.refused("h") == 0.5  # a new storm starts over
