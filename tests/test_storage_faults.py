@@ -123,6 +123,40 @@ def test_storage_down_past_the_limit_sends_requests_back(web, redis_url, own_mon
     assert_every_page_once(web, base, db, set(open_blob_store(blobs.as_uri()).iter_keys()))
 
 
+def test_a_hung_mongodb_gives_the_requests_back_within_the_retry_window(
+        web, redis_url, own_mongo, tmp_path):
+    """A MongoDB that stops answering (SIGSTOP: connections open, no reply) held the
+    batch's write, and the leases waiting on it, until it woke up: pymongo has no socket
+    timeout, and the retry window counted failures only."""
+    base = web.base_urls[0]
+    blobs = tmp_path / "blobs"
+    env = crawl_env(web, redis_url, own_mongo.url, "hung", blobs.as_uri(),
+                    WEBFARM_STORAGE_RETRY_SECONDS="1.5")
+    log = tmp_path / "crawl.log"
+    proc = runner.popen(["crawl", "generic", "-a", f"start={base}/", "-s",
+                         "WEBFARM_RETRY_BACKOFF_BASE=0.3", "-s", "WEBFARM_RETRY_TIMES=30"],
+                        env, log)
+    try:
+        stored = wait_pages(own_mongo.url, "hung", 8)
+        os.kill(own_mongo.proc.pid, signal.SIGSTOP)
+        try:
+            servers.wait_for(lambda: "StoreHung: no answer in" in log.read_text(errors="replace"),
+                             15, "a write given up while MongoDB hangs")
+        finally:
+            os.kill(own_mongo.proc.pid, signal.SIGCONT)
+    except BaseException:
+        proc.kill()
+        raise
+    output = finish(proc, log)
+    assert stored < len(web.expected_pages(base))  # it hung mid-crawl
+    assert stat(output, "webfarm/index/gave_up") + stat(output, "webfarm/items/gave_up") >= 1
+    assert stat(output, "webfarm/frontier/dead") == 0
+    db = pymongo.MongoClient(own_mongo.url)["hung"]
+    from webfarm.blobstore import open_blob_store
+
+    assert_every_page_once(web, base, db, set(open_blob_store(blobs.as_uri()).iter_keys()))
+
+
 def storage_processes(parent: int) -> list[int]:
     """Pids of the storage processes (``python -m webfarm.storeworker 16 storage ...``) of a
     crawl (its hashing helpers run the same module with the role ``hashing``)."""

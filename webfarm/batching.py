@@ -67,6 +67,23 @@ class StorageUnavailable(Exception):
     """A store kept failing for longer than ``WEBFARM_STORAGE_RETRY_SECONDS``."""
 
 
+class StoreHung(TimeoutError):
+    """A store call that did not answer within the retry window left."""
+
+
+async def _bounded(call: Callable[[], Awaitable[R]], limit: float | None) -> R:
+    if limit is None:
+        return await call()
+    began = time.monotonic()
+    try:
+        return await asyncio.wait_for(call(), limit)
+    except TimeoutError as exc:
+        if time.monotonic() - began < limit:
+            raise  # the call's own timeout
+        raise StoreHung(f"no answer in {limit:.1f}s (a server stopped, or a network "
+                        "dropping packets?)") from exc
+
+
 def transient_errors() -> tuple[type[BaseException], ...]:
     """Errors worth retrying: the store is down, slow or refusing for now."""
     errors: list[type[BaseException]] = [OSError, TimeoutError]
@@ -111,11 +128,22 @@ class Outage:
         self.started: float | None = None
         self.attempt = 0  # retries in this outage
 
-    def failed(self, exc: BaseException) -> float:
-        """Seconds to wait before the next attempt; past the limit, StorageUnavailable."""
+    def time_left(self, now: float) -> float | None:
+        """How long the next attempt may take: what is left of the retry window (all of
+        it outside an outage); None for no limit (``retry_seconds`` 0: no retry)."""
+        if self.retry_seconds <= 0:
+            return None
+        if self.started is None:
+            return self.retry_seconds
+        return max(self.retry_seconds - (now - self.started), 0.01)
+
+    def failed(self, exc: BaseException, since: float | None = None) -> float:
+        """Seconds to wait before the next attempt; past the limit, StorageUnavailable.
+        ``since``: when the failed attempt began, for one that hung until its limit."""
         now = time.monotonic()
         if self.started is None:
-            self.started = now
+            self.started = now if since is None else since
+        if self.attempt == 0 and now - self.started < self.retry_seconds:  # else it gives up
             logger.warning("%s failed (%s: %s); retrying with backoff for up to %gs "
                            "(WEBFARM_STORAGE_RETRY_SECONDS)", self.what, type(exc).__name__,
                            str(exc)[:300], self.retry_seconds)
@@ -142,14 +170,19 @@ async def retrying(
     base: float = 0.25, cap: float = 10.0,
 ) -> R:
     """Await ``call()`` until it succeeds; on transient errors wait and retry as
-    :class:`Outage` says, then raise StorageUnavailable."""
+    :class:`Outage` says, then raise StorageUnavailable. An attempt that does not answer
+    within what is left of the window counts as failed from when it began: a MongoDB
+    that hangs (a stopped server, a network that drops packets; pymongo sets no socket
+    timeout) held a write, and the leases waiting on it, until it woke up, for ever if it
+    never did."""
     outage = Outage(what, retry_seconds, base, cap)
     while True:
+        began = time.monotonic()
         try:
-            result = await call()
+            result = await _bounded(call, outage.time_left(began))
         except TRANSIENT as exc:
             try:
-                delay = outage.failed(exc)
+                delay = outage.failed(exc, began if isinstance(exc, StoreHung) else None)
             except StorageUnavailable:
                 if stats is not None:
                     stats.inc_value(f"{stat_prefix}/gave_up")
@@ -265,7 +298,7 @@ class Batcher(Generic[E, R]):
         try:
             results = await retrying(
                 lambda: self.write(entries, next(attempts) > 0),
-                what=f"{self.what} ({len(entries)} entries)",
+                what=f"{self.what} ({len(entries)} {'entry' if len(entries) == 1 else 'entries'})",
                 retry_seconds=self.retry_seconds, stats=self.stats,
                 stat_prefix=self.stat_prefix,
             )
