@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import time
 import uuid
 
@@ -322,22 +323,20 @@ def test_browser_failure_falls_back_to_the_api_and_is_remembered(web, stores, re
 
 def test_one_page_the_browser_fails_does_not_send_its_host_to_the_fetch_api(web, stores,
                                                                             redis_url):
-    """One page whose third-party script never finished loading timed the browser out;
-    the fetch API delivered it, and the host was remembered as an API host: every later
-    page of a site the browser renders fine went to the paid API."""
+    """One page slow to answer timed the browser out; the fetch API delivered it, and
+    the host was remembered as an API host: every later page of a site the browser
+    renders fine went to the paid API."""
     key = f"sk-{uuid.uuid4().hex}"
     site = JsSite(pages=3).install(web, web.base_urls[1])
 
-    def slow_script(info):
+    def slow_page(info):
         time.sleep(4)
-        return Response.text("window.late = 1;", content_type="application/javascript")
+        return Response.html(
+            '<!doctype html><html><head><title>hang</title></head><body><div id="app"></div>'
+            '<script>document.getElementById("app").innerHTML = "<h1>Hang</h1><p>built at '
+            'once</p>";</script></body></html>')
 
-    web.route("/slow.js", slow_script, host=site.host)
-    web.route("/hang", Response.html(
-        '<!doctype html><html><head><title>hang</title><script async src="/slow.js"></script>'
-        '</head><body><div id="app"></div><script>document.getElementById("app").innerHTML'
-        ' = "<h1>Hang</h1><p>built at once</p>";</script></body></html>'), host=site.host,
-        prefix=False)
+    web.route("/hang", slow_page, host=site.host, prefix=False)
     with FetchAPIServer(key) as api:
         env = runner.env_for(**stores, WEBFARM_FETCH_API_URL=api.url, WEBFARM_FETCH_API_KEY=key,
                              WEBFARM_RENDER_PROBE_RATE="0")
@@ -507,6 +506,44 @@ def test_browser_subresources_pass_the_ssrf_guard_and_useless_renders_count(web,
     assert stat(result, "webfarm/render/escalated") == 2
     assert stat(result, "webfarm/render/wrong_guess") == 1  # /broken: the browser added nothing
     assert stat(result, "webfarm/render/popups") == 1  # closed as it opened
+
+
+def test_a_page_whose_load_event_never_comes_is_kept_as_built(web, stores, redis_url):
+    """A script that never finishes loading keeps the load event away: the render timed
+    out though the page was built at once, and after its tries the page was a dead
+    letter. A document that sits parsed is kept; one still being parsed is not."""
+    released = threading.Event()
+    base = web.base_urls[0]
+
+    def never(info):  # a tracker that never answers (released as the test ends)
+        released.wait(30)
+        return Response.text("window.late = 1;", content_type="application/javascript")
+
+    web.route("/never.js", never, host=base)
+    web.route("/built", Response.html(
+        '<!doctype html><html><head><title>built</title><script async src="/never.js">'
+        '</script></head><body><div id="app"></div><script>document.getElementById("app")'
+        '.innerHTML = "<h1>Built</h1><p>built at once</p>";</script></body></html>'),
+        host=base, prefix=False)
+    web.route("/blocked", Response.html(  # a script in the way of the document's parsing
+        '<!doctype html><html><head><title>blocked</title><script src="/never.js?b">'
+        '</script></head><body><p>never parsed</p></body></html>'), host=base, prefix=False)
+    try:
+        result = runner.scrapy(["crawl", "generic", "-a", f"start={base}/built,{base}/blocked",
+                                "-a", "render=browser", "-s",
+                                "PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT=1500", "-s",
+                                "WEBFARM_RETRY_TIMES=1"], runner.env_for(**stores), 120)
+    finally:
+        released.set()
+    assert result.returncode == 0, result.output[-3000:]
+    stored = pages(stores)
+    assert set(stored) == {f"{base}/built"}
+    assert "built at once" in body_of(stores, stored[f"{base}/built"])
+    assert stored[f"{base}/built"]["fetch_method"] == "browser"
+    assert stat(result, "webfarm/render/load_timeouts") == 1
+    assert result.output.count("the page's load event did not come") == 1
+    (dead,) = frontier(redis_url).dead_letters()
+    assert f"{base}/blocked" in dead["payload"] and "Timeout" in dead["reason"], dead
 
 
 def test_a_render_that_never_lets_go_is_closed_and_dead_lettered(web, stores, redis_url):

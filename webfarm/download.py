@@ -26,6 +26,13 @@ now has ``DOWNLOAD_TIMEOUT`` on top of the navigation timeout; past that its pag
 closed (Chromium closes a busy page) and the request fails with Scrapy's
 ``DownloadTimeoutError``: retried, then dead-lettered with that reason.
 
+**A page whose ``load`` never comes.** A script, image or frame that never finishes
+loading (a third-party tracker) kept the ``load`` event away: the navigation timed out
+though the page's content was built at once, and the render failed, a navigation
+timeout each try, then a dead letter, or a page bought from the fetch API. A navigation
+that times out with its document in and parsed (``DOMContentLoaded``) now keeps the page
+as the browser built it (stat ``webfarm/render/load_timeouts``, said once per host).
+
 **Popups.** scrapy-playwright routes each page's requests (the SSRF guard, skipped
 resource types) on that page only, and a ``window.open`` opens another page: its
 requests went out unchecked, with Chromium's own User-Agent. A popup is closed as it
@@ -44,11 +51,13 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 import scrapy_playwright.handler
+from playwright.async_api import TimeoutError as PlaywrightTimeoutError
 from scrapy import Request, Spider
 from scrapy.core.downloader.handlers import http11
 from scrapy.crawler import Crawler
 from scrapy.exceptions import DownloadTimeoutError
 from scrapy.http import Headers, Response
+from scrapy.utils.httpobj import urlparse_cached
 from scrapy_playwright._utils import _encode_body
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 
@@ -56,6 +65,7 @@ from webfarm import browser
 from webfarm import signals as wf_signals
 from webfarm.config import whole_number
 from webfarm.exceptions import DeadLetter, RetryLater
+from webfarm.hostmemory import RecentHosts, host_memory_size
 
 if TYPE_CHECKING:
     from playwright.async_api import Page, Route
@@ -155,6 +165,7 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
             weakref.WeakKeyDictionary())
         self._own_pages: weakref.WeakSet[Page] = weakref.WeakSet()  # not popups
         self._openings: set[asyncio.Future[Page]] = set()  # own pages being opened
+        self._load_timeout_hosts = RecentHosts[None](host_memory_size(settings))  # said once
         self._opened: weakref.WeakKeyDictionary[Request, asyncio.Event] = (
             weakref.WeakKeyDictionary())
         # The handler calls its module's name; set once, for every handler in the process.
@@ -232,6 +243,36 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         finally:
             browser.wait_turn(page, None)  # not taken: refused, or the page kept
 
+    async def _get_response_and_download(self, request: Request, page: Page, spider: Spider
+                                         ) -> tuple[Any, Any]:
+        """The navigation; one that timed out waiting for the page's ``load`` event, its
+        document in and parsed, keeps the page as it stands. A script, image or frame
+        that never finished loading (a third-party tracker, say) failed the render
+        though its content was built at once: retried at a navigation timeout each, then
+        dead-lettered, or bought from the fetch API."""
+        documents: list[Any] = []
+
+        def on_response(response: Any) -> None:
+            if response.frame == page.main_frame and response.request.is_navigation_request():
+                documents.append(response)
+
+        page.on("response", on_response)
+        try:
+            return await super()._get_response_and_download(request, page, spider)
+        except PlaywrightTimeoutError:
+            if not documents or 300 <= documents[-1].status < 400 or not await _parsed(page):
+                raise
+            self.stats.inc_value("webfarm/render/load_timeouts")
+            host = urlparse_cached(request).netloc
+            if host not in self._load_timeout_hosts:
+                self._load_timeout_hosts.add(host)
+                logger.info("%s: the page's load event did not come within the navigation "
+                            "timeout (a script, image or frame that never loads?); the page "
+                            "is kept as the browser built it (said once per host)", request.url)
+            return documents[-1], None
+        finally:
+            page.remove_listener("response", on_response)
+
     async def _create_page(self, request: Request, spider: Spider) -> Page:
         # A render cancelled at its timeout while Playwright opened its page: scrapy-
         # playwright gives the context's page slot back on an Exception, and a
@@ -285,6 +326,15 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         logger.debug("Closed a popup a page opened: %s", page.url)
         with contextlib.suppress(Exception):
             await page.close()
+
+
+async def _parsed(page: Page) -> bool:
+    """Whether the page's document was parsed (``DOMContentLoaded``: its own scripts ran)."""
+    try:
+        state = await asyncio.wait_for(page.evaluate("document.readyState"), 5)
+    except Exception:  # closed, crashed, or its script busy
+        return False
+    return state in ("interactive", "complete")
 
 
 def _close_unwanted(opening: asyncio.Future[Page]) -> None:
