@@ -40,11 +40,12 @@ from w3lib.encoding import (
     resolve_encoding,
 )
 
+from middlewares.offsite import LeftTheHosts
 from webfarm.config import mask_credentials
 from webfarm.download import header_limit, headers_too_large
 from webfarm.exceptions import DeadLetter, RetryLater, Unreadable, error_text
 from webfarm.hostmemory import RecentHosts, host_memory_size
-from webfarm.urls import canonical_url, unfetchable, within_domains
+from webfarm.urls import canonical_url, unfetchable
 
 logger = logging.getLogger(__name__)
 PREFIX = "webfarm/limits"
@@ -127,7 +128,7 @@ class _DeadLetterRedirects:
 
     crawler: Any
     max_redirect_times: int
-    _offsite_said: RecentHosts[None] | None = None  # hosts a redirect left for, logged
+    _left: LeftTheHosts | None = None  # redirects out of the spider's hosts
 
     def process_response(self, request: Request, response: Response,
                          spider: Spider | None = None) -> Request | Response:
@@ -171,37 +172,22 @@ class _DeadLetterRedirects:
             ) from None
 
     def _check_offsite(self, redirected: Request, request: Request, chain: list[str]) -> None:
-        """A redirect out of the spider's hosts is dropped by the offsite filter, as in
-        Scrapy, with a DEBUG line: a site that moved (``www.`` to the apex, ``.com`` to
-        ``.org``) gave an empty crawl and no hint why. Said once per host; a start URL's
-        (or a seed's) is dead-lettered, to be requeued once the host is added."""
-        spider = self.crawler.spider
-        within = within_domains(getattr(spider, "allowed_domains", None) or ())
-        if (within is None or within(redirected.url) or not within(request.url)
-                or redirected.meta.get("allow_offsite")):
-            # In scope; or from a start URL outside the hosts, fetched anyway (as Scrapy
-            # fetches start URLs outside allowed_domains). Not dont_filter, which the
-            # frontier sets on refetches, renders and proxy retries: a refetch followed a
-            # page that moved off the spider's hosts and stored the other site's data.
+        """A redirect out of the spider's hosts is dropped, as by Scrapy's offsite filter,
+        and said (:class:`~middlewares.offsite.LeftTheHosts`). A start URL outside the
+        hosts is fetched anyway, as in Scrapy. Not ``dont_filter``, which the frontier
+        sets on refetches, renders and proxy retries: a refetch followed a page that
+        moved off the spider's hosts and stored the other site's data."""
+        left = self._left
+        if left is None:
+            left = self._left = LeftTheHosts(self.crawler, "redirect offsite", "follow",
+                                             " --reason 'redirect offsite'")
+        host = left.host(request, redirected.url, bool(redirected.meta.get("allow_offsite")))
+        if host is None:
             return
         _inc(self.crawler, "redirect_offsite")
-        host = urlparse_cached(redirected).hostname or ""
-        hosts = ", ".join(spider.allowed_domains)
-        fix = (f"to follow it, add {host} to the spider's hosts (-a domains=… or "
-               f"allowed_domains; now {hosts})")
-        if request.meta.get("depth", 0) == 0:
-            raise DeadLetter(f"redirect offsite: {_chain(chain + [redirected.url])}; {fix}, "
-                             f"then `scrapy dlq {spider.name} --requeue --reason 'redirect "
-                             "offsite'`")
-        said = self._offsite_said
-        if said is None:
-            said = self._offsite_said = RecentHosts[None](
-                host_memory_size(self.crawler.settings))
-        if host not in said:
-            said.add(host)
-            logger.warning("%s redirects to %s, outside the spider's hosts: not followed; "
-                           "%s (said once per host)", request.url, redirected.url[:200], fix)
-        raise IgnoreRequest(f"redirect offsite: {redirected.url[:200]}")  # as Scrapy drops it
+        left.refuse(request, redirected.url, host, _chain(chain + [redirected.url]),
+                    f"{request.url} redirects to {redirected.url[:200]}, outside the "
+                    "spider's hosts: not followed")
 
 
 def _chain(urls: list[str], keep: int = 4) -> str:

@@ -23,6 +23,8 @@ remember the last ``WEBFARM_HOST_MEMORY`` hosts they logged, not every one
 from __future__ import annotations
 
 import logging
+from typing import NoReturn
+from urllib.parse import urlsplit
 
 from scrapy import Request, Spider
 from scrapy.crawler import Crawler
@@ -31,9 +33,10 @@ from scrapy.exceptions import IgnoreRequest
 from scrapy.statscollectors import StatsCollector
 from scrapy.utils.httpobj import urlparse_cached
 
-from webfarm.exceptions import RetryLater
+from webfarm.exceptions import DeadLetter, RetryLater
 from webfarm.hostmemory import DEFAULT_SIZE, RecentHosts, host_memory_size
 from webfarm.queue import LEASE
+from webfarm.urls import within_domains
 
 logger = logging.getLogger(__name__)
 
@@ -81,3 +84,42 @@ class FrontierOffsiteMiddleware(OffsiteMiddleware):
                 "hosts include it runs (said once per host)", request, host, hosts, own.name)
         raise RetryLater(f"offsite: {host} is outside the hosts of the worker that took it "
                          f"({hosts})")
+
+
+class LeftTheHosts:
+    """A fetch that ended outside the spider's hosts, from a URL inside them: a redirect
+    there (``middlewares.limits``), or a page's script that sent the browser there
+    (``middlewares.render``). Not followed or stored, as Scrapy's offsite filter drops
+    such a redirect, but said once per host with how to keep it (a site that moved gave
+    an empty crawl and no hint why); a start URL's is dead-lettered, to be requeued once
+    the host is added. ``allow_offsite`` and start URLs outside the hosts pass."""
+
+    def __init__(self, crawler: Crawler, what: str, verb: str, requeue: str = "") -> None:
+        self.crawler = crawler
+        self.what = what  # the dead letter's and IgnoreRequest's words: "redirect offsite"
+        self.verb = verb  # "to {verb} it, add the host"
+        self.requeue = requeue  # extra `scrapy dlq --requeue` arguments
+        self.said: RecentHosts[None] = RecentHosts(host_memory_size(crawler.settings))
+
+    def host(self, request: Request, target: str, allowed: bool) -> str | None:
+        """``target``'s host if going there left the spider's hosts, else None."""
+        within = within_domains(getattr(self.crawler.spider, "allowed_domains", None) or ())
+        if within is None or allowed or within(target) or not within(request.url):
+            return None
+        return urlsplit(target).hostname or ""
+
+    def refuse(self, request: Request, target: str, host: str, chain: str,
+               log: str) -> NoReturn:
+        """DeadLetter for a start URL, else IgnoreRequest; ``log`` (with ``%s`` for the
+        fix) is said the first time a host is met."""
+        spider = self.crawler.spider
+        assert spider is not None
+        fix = (f"to {self.verb} it, add {host} to the spider's hosts (-a domains=… or "
+               f"allowed_domains; now {', '.join(spider.allowed_domains)})")
+        if request.meta.get("depth", 0) == 0:
+            raise DeadLetter(f"{self.what}: {chain}; {fix}, then "
+                             f"`scrapy dlq {spider.name} --requeue{self.requeue}`")
+        if host not in self.said:
+            self.said.add(host)
+            logger.warning("%s; %s (said once per host)", log, fix)
+        raise IgnoreRequest(f"{self.what}: {target[:200]}")

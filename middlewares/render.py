@@ -44,6 +44,7 @@ from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Response
 from scrapy.utils.misc import load_object
 
+from middlewares.offsite import LeftTheHosts
 from webfarm import browser
 from webfarm.exceptions import DeadLetter, RetryLater
 from webfarm.fetchapi import FLAG as API_FLAG
@@ -63,7 +64,7 @@ from webfarm.render import (
     visible_text_length,
 )
 from webfarm.rendermemory import HostMemory
-from webfarm.urls import host_of, within_domains
+from webfarm.urls import host_of
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -121,7 +122,7 @@ class RenderMiddleware:
         self._served: defaultdict[str, int] = defaultdict(int)
         self._no_browser_logged = False
         self._check_said = False  # a render_check that the rendered page failed too
-        self._offsite_said: set[str] = set()  # hosts a render went off to, said
+        self._left = LeftTheHosts(crawler, "browser went offsite", "keep")
         self._browser_failures: dict[str, int] = {}  # host -> renders failed, this worker
 
     @classmethod
@@ -306,26 +307,14 @@ class RenderMiddleware:
     def _check_offsite(self, request: Request, final_url: str) -> None:
         """A render that ended outside the spider's hosts (the page's script, or a
         redirect, sent the browser there) is not stored, as an HTTP redirect there is not
-        followed: its body was the other site's page, stored under this URL. Said once per
-        host; a start URL's is dead-lettered, to be requeued once the host is added."""
-        spider = self.crawler.spider
-        within = within_domains(getattr(spider, "allowed_domains", None) or ())
-        if (within is None or within(final_url) or not within(request.url)
-                or request.meta.get("allow_offsite")):
+        followed: its body was the other site's page, stored under this URL."""
+        host = self._left.host(request, final_url, bool(request.meta.get("allow_offsite")))
+        if host is None:
             return
         self.stats.inc_value(f"{PREFIX}/browser_offsite")
-        host = urlsplit(final_url).hostname or ""
-        fix = (f"to keep it, add {host} to the spider's hosts (-a domains=… or "
-               f"allowed_domains; now {', '.join(spider.allowed_domains)})")
-        if request.meta.get("depth", 0) == 0:
-            raise DeadLetter(f"browser went offsite: {request.url[:200]} → {final_url[:200]}; "
-                             f"{fix}, then `scrapy dlq {spider.name} --requeue`")
-        if host not in self._offsite_said:
-            self._offsite_said.add(host)
-            logger.warning("Render: %s sent the browser to %s, outside the spider's hosts: "
-                           "not stored; %s (said once per host)", request.url,
-                           final_url[:200], fix)
-        raise IgnoreRequest(f"browser went offsite: {final_url[:200]}")
+        self._left.refuse(request, final_url, host, f"{request.url[:200]} → {final_url[:200]}",
+                          f"Render: {request.url} sent the browser to {final_url[:200]}, "
+                          "outside the spider's hosts: not stored")
 
     def _over_http(self, request: Request) -> Request:
         """The same URL again over plain HTTP, back through the frontier."""
