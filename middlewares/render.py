@@ -49,8 +49,10 @@ from webfarm import browser
 from webfarm.exceptions import DeadLetter, RetryLater
 from webfarm.fetchapi import FLAG as API_FLAG
 from webfarm.fetchapi import META_CALL, FetchAPI, FetchAPIError
+from webfarm.hostmemory import RecentHosts, host_memory_size
 from webfarm.redisconn import close_client, crawl_redis_client
 from webfarm.render import (
+    EMPTY_ROOT,
     RenderCheck,
     RenderConfigError,
     check_render_check,
@@ -123,6 +125,7 @@ class RenderMiddleware:
         self._no_browser_logged = False
         self._check_said = False  # a render_check that the rendered page failed too
         self._left = LeftTheHosts(crawler, "browser went offsite", "keep")
+        self._root_misleads = RecentHosts[None](host_memory_size(crawler.settings))
         self._browser_failures: dict[str, int] = {}  # host -> renders failed, this worker
 
     @classmethod
@@ -276,6 +279,8 @@ class RenderMiddleware:
                 self.stats.inc_value(f"{PREFIX}/wrong_guess")
                 logger.info("Render: the browser added nothing to %s (escalated for: %s)",
                             request.url, meta.get(META_REASON))
+                if str(meta.get(META_REASON, "")).startswith(EMPTY_ROOT):
+                    await self._root_misled(request)
                 if isinstance(self.check, str) and not self._check_said:
                     # A slip in the selector sends every page of the spider to the browser,
                     # for nothing, and was said at INFO only.
@@ -290,7 +295,8 @@ class RenderMiddleware:
         if why in ("auto", "probe") and judgeable(response):
             assert self.memory is not None
             host = host_of(request.url)
-            reason = needs_js(response, self.check, self.min_text)
+            reason = needs_js(response, self.check, self.min_text,
+                              root_misleads=host in self._root_misleads)
             mode = await self.memory.observe(host, reason is not None)
             if reason is not None:
                 self.stats.inc_value(f"{PREFIX}/escalated")
@@ -303,6 +309,20 @@ class RenderMiddleware:
                             "was enough)", host, request.url)
         self.stats.inc_value(f"{PREFIX}/http")
         return response
+
+    async def _root_misled(self, request: Request) -> None:
+        """An empty app root beside server-rendered text (a widget's mount point) sent
+        every page of a site to the browser, for nothing, and the host went browser-first
+        for good. For this host such a page is no longer escalated (one with little text
+        still is), and the observation brings it back to HTTP first."""
+        host = host_of(request.url)
+        if host not in self._root_misleads:
+            self._root_misleads.add(host)
+            logger.info("Render: %s: the browser added nothing to a page with an empty app "
+                        "root, so an empty app root is no sign of JavaScript there when the "
+                        "page has text (said once per host)", host)
+        if self.memory is not None:
+            await self.memory.observe(host, False)
 
     def _check_offsite(self, request: Request, final_url: str) -> None:
         """A render that ended outside the spider's hosts (the page's script, or a

@@ -95,6 +95,35 @@ def test_auto_renders_only_pages_that_need_javascript(web, stores, redis_url):
     assert (counts["queued"], counts["leased"], counts["delayed"], counts["dead"]) == (0, 0, 0, 0)
 
 
+def test_an_empty_widget_root_beside_plenty_of_text_stops_sending_pages_to_the_browser(
+        web, stores, redis_url):
+    """A server-rendered site with an empty ``<div id="root">`` on every page (a chat
+    widget's mount point): every page was escalated, the host went browser-first after
+    two, and every page was rendered for nothing ever after."""
+    base = web.base_urls[0]
+    text = "<p>" + "Server-rendered words about this product, its uses and its care. " * 8
+    links = "".join(f'<a href="/w/{n}">page {n}</a> ' for n in range(8))
+
+    def page(info):
+        return Response.html(f"<!doctype html><html><head><title>{info.path}</title></head>"
+                             f"<body><h1>{info.path}</h1>{text}</p><nav>{links}</nav>"
+                             '<div id="root"></div><script>window.widget = 1;</script>'
+                             "</body></html>")
+
+    web.route("/w/", page, host=base)
+    env = runner.env_for(**stores, WEBFARM_RENDER_PROBE_RATE="0")
+    result = crawl(env, "-s", "CONCURRENT_REQUESTS=1", "-a", f"start={base}/w/home")
+    stored = pages(stores)
+    assert len(stored) == 9
+    methods = [doc["fetch_method"] for doc in stored.values()]
+    assert methods.count("browser") == 1, methods  # the one that showed the sign misleads
+    assert stat(result, "webfarm/render/wrong_guess") == 1
+    memory = redis.Redis.from_url(redis_url).hget(
+        f"webfarm:{{generic}}:render:{base.split('//')[1]}", "mode")
+    assert memory == b"http"
+    assert result.output.count("an empty app root is no sign of JavaScript there") == 1
+
+
 def test_probe_notices_a_host_that_stopped_needing_javascript(web, stores, redis_url):
     host = web.base_urls[0].split("//")[1]
     site = JsSite(pages=8).install(web, host)
@@ -625,6 +654,13 @@ def test_needs_js_signs():
     assert needs_js(html_response("<body><p>Loading…</p><script src=app.js></script></body>")
                     ).startswith("almost no visible text")
     assert needs_js(html_response(f"<body>{words}<script src=a.js></script></body>")) is None
+    # Where an empty root misled before (a widget's mount point), a page with text passes;
+    # an app shell with little text still does not.
+    widget = html_response(f'<body>{words}<div id="root"></div></body>')
+    assert needs_js(widget) == "empty app root #root"
+    assert needs_js(widget, root_misleads=True) is None
+    assert needs_js(html_response('<body><p>Shop</p><div id="root"></div></body>'),
+                    root_misleads=True) == "empty app root #root"
     assert needs_js(html_response("<body><p>Short page, no scripts.</p></body>")) is None
     # A short page is not an app shell because of analytics or JSON-LD (the test web's
     # about page: 191 characters and a dataLayer script).

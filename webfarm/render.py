@@ -147,8 +147,11 @@ def judgeable(response: Response) -> bool:
     return "html" in content_type or not content_type
 
 
+EMPTY_ROOT = "empty app root"  # the sign's reason, as escalated pages carry it
+
+
 def needs_js(response: Response, check: RenderCheck = None, min_text: int = 50,
-             rendered: bool = False) -> str | None:
+             rendered: bool = False, root_misleads: bool = False) -> str | None:
     """Why ``response`` (a plain HTTP fetch) is not the page a browser would show, or None.
 
     A spider's ``check`` (a CSS selector the page must match, or a callable that
@@ -156,7 +159,10 @@ def needs_js(response: Response, check: RenderCheck = None, min_text: int = 50,
     an empty app root (``<div id="app"></div>``), a ``<noscript>`` asking for
     JavaScript on a page with little text, and almost no visible text on a page
     that has scripts. Only successful HTML pages are judged. ``rendered``: the
-    page came from a browser, which leaves ``<noscript>`` in the DOM.
+    page came from a browser, which leaves ``<noscript>`` in the DOM. ``root_misleads``:
+    the browser added nothing to a page of this host with an empty app root (a widget's
+    mount point beside server-rendered text), so an empty root on a page with plenty of
+    text (five times ``min_text``) is no sign here.
     """
     if not judgeable(response):
         return None
@@ -166,8 +172,8 @@ def needs_js(response: Response, check: RenderCheck = None, min_text: int = 50,
             return None if response.css(check) else f"render_check {check!r} not found"
         return None if check(response) else "render_check() is false"
     empty_root = response.xpath(_EMPTY_ROOT_XPATH).get()
-    if empty_root:
-        return f"empty app root #{empty_root}"
+    if empty_root and not (root_misleads and visible_text_length(response) >= 5 * min_text):
+        return f"{EMPTY_ROOT} #{empty_root}"
     text = visible_text_length(response)
     if text < 5 * min_text and not rendered:
         noscript = " ".join(response.xpath("//noscript//text()").getall())
