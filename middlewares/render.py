@@ -237,6 +237,8 @@ class RenderMiddleware:
         rung = meta[META_RUNG]
         if rung == "browser":
             meta["playwright"] = True
+            if isinstance(self.check, str):  # a page complete once it matches: wait for it
+                meta[browser.WAIT_FOR] = self.check
         elif rung == "api":
             meta.pop("playwright", None)
             return await self._via_api(request)

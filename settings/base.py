@@ -293,6 +293,7 @@ WEBFARM_RENDER_PROBE_RATE = 0.05
 WEBFARM_RENDER_HOST_MIN_PAGES = 2
 WEBFARM_RENDER_HOST_SHARE = 0.9
 WEBFARM_RENDER_MIN_TEXT = 50  # visible characters below which a page with scripts is "empty"
+WEBFARM_RENDER_CHECK_WAIT = 10.0  # seconds a render waits for a render_check selector
 # The browser (scrapy-playwright on a system Chromium, found on PATH or $WEBFARM_CHROMIUM).
 # Only requests with meta["playwright"] use it; the driver starts with the first of them.
 # scrapy-playwright's handler, with the HTTP client's response headers bounded

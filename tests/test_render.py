@@ -255,6 +255,29 @@ def test_render_check_selector_escalates_pages_missing_it(web, stores):
     assert stat(result, "webfarm/render/escalated") == 2
 
 
+def test_a_render_waits_for_the_render_check_selector(web, stores):
+    """A page whose script fetches its content after load: the browser read it at load,
+    without the content; it was stored so, and counted as a wrong guess."""
+    base = web.base_urls[0]
+    web.route("/late", Response.html(
+        "<!doctype html><html><head><title>late</title></head><body><div id='app'></div>"
+        "<script>setTimeout(function () { document.getElementById('app').innerHTML = "
+        "'<h1>Spade</h1><span class=price>12.50</span>'; }, 1200);</script></body></html>"),
+        host=base, prefix=False)
+    web.route("/never", Response.html(
+        "<!doctype html><html><head><title>never</title></head><body><div id='app'></div>"
+        "<script>window.x = 1;</script></body></html>"), host=base, prefix=False)
+    result = crawl(runner.env_for(**stores, WEBFARM_RENDER_PROBE_RATE="0"),
+                   "-a", f"start={base}/late,{base}/never", "-a", "render_check=span.price",
+                   "-s", "WEBFARM_RENDER_CHECK_WAIT=3")
+    stored = pages(stores)
+    assert 'class="price">12.50' in body_of(stores, stored[f"{base}/late"])  # not the script's
+    assert stored[f"{base}/late"]["fetch_method"] == "browser"
+    assert stored[f"{base}/never"]["fetch_method"] == "browser"  # read as it stands
+    assert stat(result, "webfarm/render/check_wait_timeouts") == 1
+    assert stat(result, "webfarm/render/wrong_guess") == 1  # /never only
+
+
 def test_a_render_check_no_page_matches_is_said_once(web, stores):
     """A slip in the selector sends every page to the browser, for nothing; it was said
     at INFO, page by page, as 'the browser added nothing'."""

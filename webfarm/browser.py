@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CHROMIUM_ENV = "WEBFARM_CHROMIUM"
+WAIT_FOR = "webfarm_wait_for"  # meta: a CSS selector the render waits for (render_check)
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 INSTALL_HINT = ("install one (`make chromium`, or `apt-get install chromium`) or set "
                 f"{CHROMIUM_ENV}=/path/to/chromium")

@@ -161,6 +161,7 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         self.download_timeout = settings.getfloat("DOWNLOAD_TIMEOUT", 180.0)
         navigation_ms = settings.getfloat("PLAYWRIGHT_DEFAULT_NAVIGATION_TIMEOUT", 30_000.0)
         self.navigation_timeout = max(navigation_ms, 0.0) / 1000
+        self.check_wait = settings.getfloat("WEBFARM_RENDER_CHECK_WAIT", 10.0)
         self._render_pages: weakref.WeakKeyDictionary[Request, Page] = (
             weakref.WeakKeyDictionary())
         self._own_pages: weakref.WeakSet[Page] = weakref.WeakSet()  # not popups
@@ -245,6 +246,27 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
 
     async def _get_response_and_download(self, request: Request, page: Page, spider: Spider
                                          ) -> tuple[Any, Any]:
+        """The navigation, then the wait for the spider's ``render_check`` selector."""
+        result = await self._navigate(request, page, spider)
+        selector = request.meta.get(browser.WAIT_FOR)
+        if selector and self.check_wait > 0:
+            await self._wait_for(page, selector)
+        return result
+
+    async def _wait_for(self, page: Page, selector: str) -> None:
+        """A page that builds its content after ``load`` (data fetched by a script) was
+        read before the content came: stored without it, and counted as a wrong guess.
+        The render now waits, ``WEBFARM_RENDER_CHECK_WAIT`` at most, for the spider's
+        ``render_check`` selector; a page where it never comes is read as it stands."""
+        try:
+            await page.wait_for_selector(selector, state="attached",
+                                         timeout=self.check_wait * 1000)
+        except PlaywrightTimeoutError:
+            self.stats.inc_value("webfarm/render/check_wait_timeouts")
+        except Exception as exc:  # noqa: BLE001 - a closed page is found by what follows
+            logger.debug("Waiting for %r on %s failed: %s", selector, page.url, exc)
+
+    async def _navigate(self, request: Request, page: Page, spider: Spider) -> tuple[Any, Any]:
         """The navigation; one that timed out waiting for the page's ``load`` event, its
         document in and parsed, keeps the page as it stands. A script, image or frame
         that never finished loading (a third-party tracker, say) failed the render
