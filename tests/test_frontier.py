@@ -114,8 +114,10 @@ def test_a_worker_with_a_shorter_default_delay_does_not_speed_up_the_fleet(
     assert fast.last_ready_in is not None and fast.last_ready_in > 0.8  # not 0.1
     assert fast.fleet_delays() == {"slow": 1.0, "fast": 0.1}
     assert fast.effective_default_delay() == 1.0  # what `scrapy frontier` shows
+    slow.release_worker("slow")  # closed: its default no longer counts (it did 2 minutes)
+    assert fast.fleet_delays() == {"fast": 0.1}
     with caplog.at_level("WARNING", logger="webfarm.advice"):
-        advice.shorter_default_delay(0.1, fast.fleet_delays(), fast.prefix)
+        advice.shorter_default_delay(0.1, {"slow": 1.0, "fast": 0.1}, fast.prefix)
     assert ("default host delay (WEBFARM_HOST_DELAY, or a longer DOWNLOAD_DELAY) is 0.1s, "
             "but worker slow of webfarm:{spider}: runs with 1s: the frontier spaces every "
             "host by the longest") in caplog.text

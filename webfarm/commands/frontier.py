@@ -1,4 +1,5 @@
-"""``scrapy frontier SPIDER [--json] [--top N] [--reset --yes]``: what a spider's frontier holds.
+"""``scrapy frontier SPIDER [--json] [--top N] [--reset --yes [--force]]``: what a
+spider's frontier holds.
 
 Queued requests in total and per host, hosts ready now, retries waiting for
 their backoff, leases in flight, dead letters, URLs seen, and each host's delay
@@ -169,7 +170,7 @@ class Command(ScrapyCommand):
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return "SPIDER [--json] [--top N] | SPIDER --reset [--yes]"
+        return "SPIDER [--json] [--top N] | SPIDER --reset [--yes] [--force]"
 
     def short_desc(self) -> str:
         return "Show a spider's shared frontier (queues per host, leases, dead, seen) or reset it"
@@ -202,6 +203,8 @@ class Command(ScrapyCommand):
         parser.add_argument("--reset", action="store_true",
                             help="delete this spider's whole frontier")
         parser.add_argument("--yes", action="store_true", help="do not ask before --reset")
+        parser.add_argument("--force", action="store_true",
+                            help="--reset even while workers of the spider run")
 
     @pipe_may_close
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
@@ -218,7 +221,7 @@ class Command(ScrapyCommand):
             frontier = open_spider_frontier(settings, args[0])
             try:
                 if opts.reset:
-                    self._reset(frontier, settings, opts.yes)
+                    self._reset(frontier, settings, opts.yes, opts.force)
                 else:
                     self._show(frontier, settings, opts)
             except redis.RedisError as exc:
@@ -263,7 +266,17 @@ class Command(ScrapyCommand):
             if hidden > 0:
                 print(f"… and {hidden:,} more hosts (--top 0 lists all)")
 
-    def _reset(self, frontier: Frontier, settings: BaseSettings, yes: bool) -> None:
+    def _reset(self, frontier: Frontier, settings: BaseSettings, yes: bool,
+               force: bool) -> None:
+        running = sorted(frontier.fleet_delays())
+        if running and not force:
+            # A worker running on keeps what it holds and pushes the links it finds into
+            # the new, empty frontier, and took the reset for Redis losing its writes.
+            raise CommandError(
+                f"--reset: {len(running)} worker(s) of {frontier.spider} exchanged with the "
+                f"frontier in the last 2 minutes ({', '.join(running[:5])}"
+                f"{', …' if len(running) > 5 else ''}); stop them first (Ctrl-C, or "
+                "scrapyd's cancel), or add --force to reset under them", BAD_INPUT)
         c = frontier.counts()
         what = (f"the whole frontier {frontier.prefix} on {where(frontier)}: {c['queued']:,} "
                 f"queued, {c['leased']:,} leased, {c['delayed']:,} delayed, {c['dead']:,} dead, "

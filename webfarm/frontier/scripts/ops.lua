@@ -136,6 +136,7 @@ end
 OPS.release_worker = function()
   local n, prefix = 0, ARGV[3] .. ' '
   redis.call('HDEL', K_WORKERS, ARGV[3])
+  redis.call('HDEL', K_DEFAULTS, ARGV[3]) -- its default delay no longer counts
   local flat = redis.call('HGETALL', K_LEASE)
   for i = 1, #flat, 2 do
     if string.sub(flat[i + 1], 1, #prefix) == prefix then
