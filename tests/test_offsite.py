@@ -7,6 +7,7 @@ spider's frontier, were gone without a trace."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pymongo
@@ -66,12 +67,14 @@ def test_two_generic_crawls_at_once_each_fetch_their_own_pages_and_end_on_their_
     with three crawls at once, by hand). And the shorter crawl's worker ran on until the
     longer one ended, as long as the frontier held anything."""
     with TestWeb(hosts=HOSTS, categories=1, products_per_category=2) as web:
-        env = runner.env_for(**stores)
-        delays = (0.05, 0.6)  # the second crawl's host is paced slower
+        env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0.05")
+        # The second crawl's host is paced slower (a host's own delay: the fleet's default
+        # is the longest of the workers', so a longer WEBFARM_HOST_DELAY would pace both).
+        slow = web.base_urls[1].split("//")[1].split(":")[0]
+        slots = ([], ["-s", "DOWNLOAD_SLOTS=" + json.dumps({slow: {"delay": 0.6}})])
         procs = [runner.popen(["crawl", "generic", "-a", f"start={base}/", "-s",
-                               "WEBFARM_RETRY_TIMES=2", "-s", f"WEBFARM_HOST_DELAY={delay}"],
-                              env, tmp_path / f"{i}.log")
-                 for i, (base, delay) in enumerate(zip(web.base_urls, delays, strict=True))]
+                               "WEBFARM_RETRY_TIMES=2", *extra], env, tmp_path / f"{i}.log")
+                 for i, (base, extra) in enumerate(zip(web.base_urls, slots, strict=True))]
         try:
             assert procs[0].wait(timeout=120) == 0
             first_ended = time.monotonic()
