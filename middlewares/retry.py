@@ -12,9 +12,16 @@ HTTP date, capped at ``WEBFARM_RETRY_AFTER_MAX``) defers the whole host: a
 ``host_defer`` signal makes the frontier hand out none of its requests before
 then (every worker), this worker holds back those it already took, and the
 request itself comes back after exactly that wait instead of the backoff. A
-missing or garbage value means the usual backoff. Every 429, with a ``Retry-After`` or
-not, also doubles the host's delay, which comes down again by a tenth an answer
-(:mod:`webfarm.ratelimit`, ``WEBFARM_RATE_LIMIT_BACKOFF``).
+missing or garbage value means the usual backoff.
+
+Most rate limiters send no ``Retry-After``, and the host's delay stayed as it was: every
+worker went on at the same pace, about every other request was refused and retried, and
+pages ran out of attempts (4 dead letters of 15 pages at a 0.2 s delay against a
+limiter's 0.7 s). Every 429 now doubles the host's delay for every worker (a
+``host_limited`` signal; at least twice ``WEBFARM_HOST_DELAY`` and 0.5 s, at most
+``AUTOTHROTTLE_MAX_DELAY``), once per delay, and the delay halves by itself after about
+ten of its turns (the frontier's ``limit`` op): a limiter is found in a few refusals and
+not hit at once again, as TCP backs off (``WEBFARM_RATE_LIMIT_BACKOFF``).
 
 Uses Scrapy's own ``RETRY_ENABLED``, ``RETRY_HTTP_CODES``, ``RETRY_EXCEPTIONS``
 and the ``dont_retry`` meta key; ``WEBFARM_RETRY_AFTER`` switches the deferral.
@@ -46,15 +53,14 @@ from scrapy.utils.response import response_status_message
 
 from webfarm import signals as wf_signals
 from webfarm.exceptions import RetryLater, error_text
-from webfarm.hostmemory import host_memory_size
 from webfarm.outcomes import retry_here
 from webfarm.queue import LEASE, allowed_attempts, host_delay
-from webfarm.ratelimit import RateLimits
 from webfarm.urls import host_of
 
 logger = logging.getLogger(__name__)
 
 RETRY_AFTER_STATUSES = frozenset({429, 503})
+LIMIT_FLOOR = 0.5  # seconds: the least delay a 429 gives a host, whatever the default
 _SECONDS = re.compile(r"\d+(?:\.\d{1,6})?")  # any length: a huge wait is capped, not ignored
 
 
@@ -92,11 +98,10 @@ class FrontierRetryMiddleware:
         settings = crawler.settings
         self.retry_enabled = settings.getbool("RETRY_ENABLED")
         self.retry_after = settings.getbool("WEBFARM_RETRY_AFTER", True)
-        self.rate_limits = (RateLimits(host_delay(settings),
-                                       settings.getfloat("AUTOTHROTTLE_MAX_DELAY", 60.0),
-                                       host_memory_size(settings))
-                            if settings.getbool("WEBFARM_RATE_LIMIT_BACKOFF", True) else None)
-        if not self.retry_enabled and not self.retry_after and self.rate_limits is None:
+        self.rate_limit = settings.getbool("WEBFARM_RATE_LIMIT_BACKOFF", True)
+        self.limit_floor = max(2 * host_delay(settings), LIMIT_FLOOR)
+        self.limit_max = settings.getfloat("AUTOTHROTTLE_MAX_DELAY", 60.0)
+        if not self.retry_enabled and not self.retry_after and not self.rate_limit:
             raise NotConfigured
         self.crawler = crawler
         self.stats = crawler.stats
@@ -129,8 +134,8 @@ class FrontierRetryMiddleware:
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Response:
         wait = None
-        if self.rate_limits is not None and (response.status == 429 or self.rate_limits.delays):
-            self._rate_limit(request, response)
+        if response.status == 429 and self.rate_limit:
+            self._limit_host(request)
         if self.retry_after and response.status in RETRY_AFTER_STATUSES:
             wait = self._defer_host(request, response)
         if (not self.retry_enabled or request.meta.get("dont_retry")
@@ -155,23 +160,15 @@ class FrontierRetryMiddleware:
             raise RetryLater(f"network error: {error}", error=error) from exception
         return None
 
-    def _rate_limit(self, request: Request, response: Response) -> None:
-        """A 429 doubles its host's delay; another answer takes a tenth off."""
-        assert self.rate_limits is not None
+    def _limit_host(self, request: Request) -> None:
         host = host_of(request.url)
-        if response.status == 429:
-            self._inc("webfarm/rate_limit/refused")
-            delay = self.rate_limits.refused(host)
-            if delay is not None:
-                logger.info("%s answered 429: %.1fs between two of its requests now, for "
-                            "every worker, down a tenth with each other answer", host, delay)
-                if self.stats is not None:
-                    self.stats.max_value("webfarm/rate_limit/max_delay", round(delay, 3))
-        else:
-            delay = self.rate_limits.answered(host)
-        if delay is not None:
-            self.crawler.signals.send_catch_log(wf_signals.host_delay, host=host, delay=delay,
-                                                source=wf_signals.RATE_LIMITED)
+        self._inc("webfarm/rate_limit/refused")
+        logger.info("%s answered 429: its delay doubles for every worker (once a delay, at "
+                    "least %.1fs, at most AUTOTHROTTLE_MAX_DELAY=%gs) and comes down by "
+                    "itself; `scrapy frontier` shows it", host, self.limit_floor,
+                    self.limit_max)
+        self.crawler.signals.send_catch_log(wf_signals.host_limited, host=host,
+                                            floor=self.limit_floor, maximum=self.limit_max)
 
     def _defer_host(self, request: Request, response: Response) -> float | None:
         raw = response.headers.get(b"Retry-After")

@@ -142,6 +142,39 @@ def test_a_host_s_own_shorter_delay_does_not_undercut_the_fleet_default(
     assert fast.get_delay("h.test") == 1.5
 
 
+def test_a_429_doubles_a_host_s_delay_for_every_worker_and_it_comes_down_by_itself(
+        redis_url: str) -> None:
+    """Each worker kept the delay its own 429s asked for, and the last to write won: a
+    worker that had seen none (or had forgotten them) set the host back to its default,
+    and the fleet's gaps swung between 0.2 s and 18 s."""
+    one = Frontier(redis.Redis.from_url(redis_url), "spider", default_delay=0.05)
+    two = Frontier(redis.Redis.from_url(redis_url), "spider", default_delay=0.05)
+    one.push([entry("h.test", str(i)) for i in range(3)])
+    assert one.pop("w1") is not None
+    assert one.limit_host("h.test", floor=0.2, maximum=1.0) == 0.2
+    two.set_delay("h.test", 0.05)  # the other worker's latency rule, after a quick answer
+    assert two.get_delay("h.test") == pytest.approx(0.2, abs=0.005)  # not undone
+    # A 429 to a request that left before that doubling: the same burst, not doubled again.
+    assert two.limit_host("h.test", 0.2, 1.0) == pytest.approx(0.2, abs=0.005)
+    time.sleep(0.15)
+    assert two.limit_host("h.test", 0.2, 1.0) == pytest.approx(0.38, abs=0.02)  # shared
+    assert wait_until(lambda: two.pop("w2"), timeout=3) is not None
+    t0 = time.monotonic()
+    assert wait_until(lambda: one.pop("w1"), timeout=3) is not None
+    assert time.monotonic() - t0 > 0.3  # both workers' pops are spaced by it
+    rows = {h["host"]: h for h in one.host_stats()}
+    assert 0.25 < rows["h.test"]["delay"] < 0.39  # `scrapy frontier`; coming down already
+    assert two.limit_host("h.test", 0.2, 0.5) == 0.5  # AUTOTHROTTLE_MAX_DELAY's cap
+    # It halves by itself after ten of its delays, and is gone under the default.
+    quick = Frontier(redis.Redis.from_url(redis_url), "other", default_delay=0.03)
+    assert quick.limit_host("q.test", floor=0.1, maximum=1.0) == 0.1
+    time.sleep(1.0)
+    assert quick.get_delay("q.test") == pytest.approx(0.05, abs=0.01)
+    time.sleep(0.9)
+    assert quick.get_delay("q.test") == 0.03
+    assert quick.server.hgetall(quick.key("limited")) == {}
+
+
 def test_longer_delay_pushes_back_the_pending_slot(frontier: Frontier) -> None:
     frontier.set_delay("h.test", 0.1)
     frontier.push([entry("h.test", "1"), entry("h.test", "2")])

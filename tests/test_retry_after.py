@@ -18,7 +18,6 @@ from tests.test_robots import (
     stat,
     stored_urls,
 )
-from webfarm.ratelimit import RateLimits
 
 NOW = 1_800_000_000.0
 
@@ -161,15 +160,3 @@ def test_a_bare_429_slows_the_host_for_the_fleet(web, stores):
     assert 1 <= state["refused"] <= 6, state
     assert stat(result.output, "webfarm/rate_limit/refused") == state["refused"]
     assert "answered 429" in result.output
-
-
-def test_rate_limits_double_then_come_down_a_tenth_an_answer():
-    limits = RateLimits(base=0.2, maximum=3.0, memory=10)
-    assert [limits.refused("h") for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, None]  # capped
-    assert limits.answered("other") is None  # no 429 slowed it: nothing to send
-    downs = [limits.answered("h") for _ in range(30)]
-    assert downs[0] == pytest.approx(2.7) and downs[1] == pytest.approx(2.43)
-    back = downs.index(0.2)  # the default, sent once, and the host forgotten
-    assert 20 < back < 30 and downs[back + 1:] == [None] * (29 - back)
-    assert "h" not in limits.delays
-    assert limits.refused("h") == 0.5  # a new storm starts over

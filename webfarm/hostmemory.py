@@ -61,9 +61,6 @@ class RecentHosts(Generic[V]):
     def get(self, host: str, default: object = None) -> object:
         return self._items.get(host, default)
 
-    def discard(self, host: str) -> None:
-        self._items.pop(host, None)
-
     def __contains__(self, host: object) -> bool:
         return host in self._items
 

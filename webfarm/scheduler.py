@@ -137,6 +137,7 @@ class Scheduler(BaseScheduler):
         connect(scheduler.ends.spider_error, signal=signals.spider_error)
         connect(scheduler.host_delay, signal=wf_signals.host_delay)
         connect(scheduler.host_defer, signal=wf_signals.host_defer)
+        connect(scheduler.host_limited, signal=wf_signals.host_limited)
         connect(scheduler.render_arrival, signal=wf_signals.render_arrival)
         connect(scheduler.request_departure, signal=wf_signals.request_departure)
         return scheduler
@@ -380,6 +381,10 @@ class Scheduler(BaseScheduler):
         delay = self.delays.slots.first_seen(host)
         if delay is not None:
             self.host_delay(host, delay, source="DOWNLOAD_SLOTS")
+
+    def host_limited(self, host: str, floor: float, maximum: float, **kwargs: Any) -> None:
+        """A 429: the host's delay doubles in the frontier, for every worker."""
+        self.link.op("limit", self.frontier._limit_args(host, floor, maximum))
 
     def host_defer(self, host: str, seconds: float, source: str = "", **kwargs: Any) -> None:
         self._inc("webfarm/frontier/deferred")

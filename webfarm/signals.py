@@ -12,7 +12,10 @@ it into the host's delay in Redis, which gates every worker. Send with
 # LEARNED, sent again after a host's responses, only for the hosts used last.
 host_delay = object()
 LEARNED = "autothrottle"  # the latency rule's source (webfarm.throttle)
-RATE_LIMITED = "429"  # bare 429s' source (webfarm.ratelimit)
+
+# host: str, floor: float, maximum: float seconds. The host answered 429: its delay doubles,
+# for every worker (at least ``floor``, at most ``maximum``), and comes down by itself.
+host_limited = object()
 
 # host: str, seconds: float, source: str ("retry-after", ...). No request to the host for
 # at least ``seconds`` from now (does not change its delay afterwards).

@@ -431,10 +431,20 @@ class Frontier(FrontierReads):
 
     def get_delay(self, host: str) -> float:
         """The host's delay as the frontier spaces it: its own, never below the fleet's
-        default (:meth:`effective_default_delay`)."""
-        value = self.server.hget(self.key("delay"), host)
-        default = self.effective_default_delay()
-        return default if value is None else max(float(value), default)
+        default (:meth:`effective_default_delay`), nor below what its 429s asked for."""
+        return int(self._call("delay_of", host, round(self.default_delay * 1000))) / 1000
+
+    def limit_host(self, host: str, floor: float, maximum: float) -> float:
+        """A 429: the host's delay doubles for every worker (see :meth:`_limit_args`);
+        returns it, in seconds."""
+        return int(self._call("limit", *self._limit_args(host, floor, maximum))) / 1000
+
+    def _limit_args(self, host: str, floor: float, maximum: float) -> list[Any]:
+        """At least ``floor`` s, at most ``maximum`` s; it halves by itself after about ten
+        of its delays, and a 429 to a request sent before the last doubling is ignored."""
+        _check_host(host)
+        return [host, round(floor * 1000), round(max(maximum, floor) * 1000),
+                round(self.default_delay * 1000)]
 
     def defer_host(self, host: str, until_seconds_from_now: float) -> None:
         """Retry-After: the host's next-allowed time becomes max(current, now + x)."""

@@ -68,11 +68,11 @@ class FrontierReads:
         one HMGET and 40 ms in one ZRANGE; now each call takes a few ms).
         """
         hosts: dict[str, dict[str, Any]] = {}
-        default = self.effective_default_delay()
         for where in ("cool", "ready"):  # a host moved meanwhile: its 'ready' row wins
             cursor: Any = "0"
             while True:
-                reply = self._call("hosts", where, cursor, MAX_READ)
+                reply = self._call("hosts", where, cursor, MAX_READ,
+                                   round(self.default_delay * 1000))
                 cursor, now_ms = reply[0], int(reply[1])
                 for i in range(2, len(reply), 5):
                     name, at, depth, delay, admitted = reply[i:i + 5]
@@ -80,7 +80,7 @@ class FrontierReads:
                     hosts[host] = {
                         "host": host,
                         "queued": int(depth),
-                        "delay": float(delay) if delay else default,
+                        "delay": int(delay) / 1000,
                         "next_allowed_in": max(0.0, (float(at) - now_ms) / 1000),
                         "urls": int(admitted or 0),
                     }

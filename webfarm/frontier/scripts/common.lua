@@ -26,6 +26,7 @@
 --                   arrival, or a hand-out, once the host has had a render (see OPS.arrive)
 --   defaults  HASH  worker -> 'MS EXPIRES_MS', the default host delay it runs with (see
 --                   fleet_default)
+--   limited   HASH  host -> 'MS AT_MS', the delay the host's 429s asked for (see limited_ms)
 --
 -- Times come from the server's clock (TIME), never from workers.
 
@@ -35,7 +36,7 @@ local K_STATS, K_READY, K_COOL, K_DELAY = P .. 'stats', P .. 'ready', P .. 'cool
 local K_DELAYED, K_LEASES, K_LEASE = P .. 'delayed', P .. 'leases', P .. 'lease'
 local K_SEQ, K_DEAD, K_SEEN, K_BLOOM = P .. 'seq', P .. 'dead', P .. 'seen', P .. 'bloom'
 local K_RETRIES, K_URLS, K_WORKERS = P .. 'retries', P .. 'urls', P .. 'workers'
-local K_ARRIVED, K_DEFAULTS = P .. 'arrived', P .. 'defaults'
+local K_ARRIVED, K_DEFAULTS, K_LIMITED = P .. 'arrived', P .. 'defaults', P .. 'limited'
 local DEFAULTS_TTL = 120000 -- ms a worker's default delay counts after its last exchange
 
 local T = redis.call('TIME')
@@ -175,13 +176,33 @@ local function fleet_default(worker, own_ms)
   return best
 end
 
+-- The delay a host's 429s asked for (OPS.limit), shared by every worker: MS at AT_MS, then
+-- halving every LIMIT_HALF_LIFE times MS (about as many answers), gone once under the
+-- default. Kept apart from the host's delay, which the latency rule of any worker sets
+-- again after most answers: each worker used to keep its own, and the last to write won,
+-- so a worker that had seen no 429 undid the fleet's backoff.
+local LIMIT_HALF_LIFE = 10
+local function limited_ms(host, default_ms)
+  local v = redis.call('HGET', K_LIMITED, host)
+  if not v then return 0 end
+  local ms, at = string.match(v, '^(%d+) (%d+)$')
+  local now_ms = ms and math.floor(tonumber(ms) * 2 ^ (-(NOW - tonumber(at)) /
+                                                          (LIMIT_HALF_LIFE * tonumber(ms))))
+  if not now_ms or now_ms <= default_ms then
+    redis.call('HDEL', K_LIMITED, host)
+    return 0
+  end
+  return now_ms
+end
+
 -- A host's own delay (robots.txt, the latency rule, DOWNLOAD_SLOTS, 429s) raises the fleet's
 -- default, never lowers it: a worker with a shorter default set each host it fetched to
 -- about that default, and those hosts went as fast as that worker's setting for everyone.
 local function host_delay_ms(host, default_ms)
   local d = tonumber(redis.call('HGET', K_DELAY, host) or '')
-  if d then return math.max(math.floor(d * 1000 + 0.5), default_ms) end
-  return default_ms
+  local ms = default_ms
+  if d then ms = math.max(math.floor(d * 1000 + 0.5), default_ms) end
+  return math.max(ms, limited_ms(host, default_ms))
 end
 
 local function drop_ready(host)

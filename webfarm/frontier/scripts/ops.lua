@@ -254,6 +254,32 @@ OPS.arrive = function()
   return fmt_int(at - NOW)
 end
 
+-- limit: ARGV 3 host, 4 floor ms, 5 max ms, 6 default ms -> the host's delay now, ms. A 429:
+-- the host's delay doubles, for every worker (at least the floor, at most the max), and
+-- comes down again by itself (limited_ms). Once per delay: a 429 to a request that left
+-- before the last doubling does not double it again.
+OPS.limit = function()
+  local host = ARGV[3]
+  local default_ms = fleet_default('', tonumber(ARGV[6]))
+  local old = host_delay_ms(host, default_ms)
+  local last = redis.call('HGET', K_LIMITED, host)
+  local ms, at = string.match(last or '', '^(%d+) (%d+)$')
+  if ms and NOW - tonumber(at) < tonumber(ms) / 2 then return fmt_int(old) end
+  local new = math.min(math.max(2 * old, tonumber(ARGV[4])), tonumber(ARGV[5]))
+  if new <= old then return fmt_int(old) end
+  redis.call('HSET', K_LIMITED, host, fmt_int(new) .. ' ' .. fmt_int(NOW))
+  for _, key in ipairs({K_READY, K_COOL}) do
+    local cur = tonumber(redis.call('ZSCORE', key, host) or '')
+    if cur and cur > NOW then redis.call('ZADD', key, 'GT', cur - old + new, host) end
+  end
+  return fmt_int(new)
+end
+
+-- delay_of: ARGV 3 host, 4 default ms -> the host's delay as pops space it, ms.
+OPS.delay_of = function()
+  return fmt_int(host_delay_ms(ARGV[3], fleet_default('', tonumber(ARGV[4]))))
+end
+
 -- set_delay: ARGV 3 host, 4 seconds, 5 default ms. A longer delay also pushes back the pending
 -- next-allowed time (it was computed with the old, shorter delay).
 OPS.set_delay = function()
@@ -331,10 +357,11 @@ end
 
 OPS.next_ready = function() return fmt_int(ready_in(select(2, pick_host(nil, 0)))) end
 
--- hosts: ARGV 3 'ready'|'cool', ARGV 4 ZSCAN cursor, ARGV 5 count -> {next cursor, now ms,
--- then host, next allowed ms, queued, delay or '', urls or '' per host}. A page at a time,
--- so a broad crawl's million hosts never hold Redis up for the workers.
+-- hosts: ARGV 3 'ready'|'cool', ARGV 4 ZSCAN cursor, ARGV 5 count, 6 default ms -> {next
+-- cursor, now ms, then host, next allowed ms, queued, delay ms, urls or '' per host}. A page
+-- at a time, so a broad crawl's million hosts never hold Redis up for the workers.
 OPS.hosts = function()
+  local default_ms = fleet_default('', tonumber(ARGV[6]))
   local page = redis.call('ZSCAN', ARGV[3] == 'cool' and K_COOL or K_READY, ARGV[4],
                           'COUNT', tonumber(ARGV[5]))
   local out, flat = {page[1], fmt_int(NOW)}, page[2]
@@ -344,7 +371,7 @@ OPS.hosts = function()
     out[#out + 1] = host
     out[#out + 1] = flat[i + 1]
     out[#out + 1] = type(n) == 'number' and n or 0
-    out[#out + 1] = redis.call('HGET', K_DELAY, host) or ''
+    out[#out + 1] = host_delay_ms(host, default_ms)
     out[#out + 1] = redis.call('HGET', K_URLS, host) or ''
   end
   return out
