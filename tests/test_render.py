@@ -284,10 +284,15 @@ def test_a_render_check_no_page_matches_is_said_once(web, stores):
     host = web.base_urls[1].split("//")[1]
     site = JsSite(pages=3, is_js=lambda n: False, style="widget").install(web, host)
     result = crawl(runner.env_for(**stores), "-a", f"start={site.url()}",
-                   "-a", "render_check=div.prodcut p")
+                   "-a", "render_check=div.prodcut p", "-s", "WEBFARM_RENDER_CHECK_WAIT=0.5",
+                   "-s", "CONCURRENT_REQUESTS=1")  # one render at a time: each learns
     assert stat(result, "webfarm/render/wrong_guess") >= 2
     assert result.output.count("render_check 'div.prodcut p' matches neither") == 1
     assert "fix the spider's render_check" in result.output
+    # Each render waited for the selector, until two of the host's had waited in vain.
+    renders = stat(result, "webfarm/render/browser")
+    assert renders >= 3 and stat(result, "webfarm/render/check_wait_timeouts") == 2
+    assert result.output.count("did not appear in 2 renders of") == 1
 
 
 # -- the fetch API rung (tests/fetchapiserver.py speaks the contract) -----------------------

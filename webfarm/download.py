@@ -73,6 +73,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_HEADER_BYTES = 256 * 1024
+CHECK_MISSES = 2  # renders of a host without the render_check selector, before no more waits
 
 
 class HeadersTooLarge(Exception):
@@ -167,6 +168,8 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         self._own_pages: weakref.WeakSet[Page] = weakref.WeakSet()  # not popups
         self._openings: set[asyncio.Future[Page]] = set()  # own pages being opened
         self._load_timeout_hosts = RecentHosts[None](host_memory_size(settings))  # said once
+        # Per host: renders where the render_check selector came, and where it did not.
+        self._check_seen = RecentHosts[tuple[int, int]](host_memory_size(settings))
         self._opened: weakref.WeakKeyDictionary[Request, asyncio.Event] = (
             weakref.WeakKeyDictionary())
         # The handler calls its module's name; set once, for every handler in the process.
@@ -250,21 +253,34 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         result = await self._navigate(request, page, spider)
         selector = request.meta.get(browser.WAIT_FOR)
         if selector and self.check_wait > 0:
-            await self._wait_for(page, selector)
+            await self._wait_for(page, selector, urlparse_cached(request).netloc)
         return result
 
-    async def _wait_for(self, page: Page, selector: str) -> None:
+    async def _wait_for(self, page: Page, selector: str, host: str) -> None:
         """A page that builds its content after ``load`` (data fetched by a script) was
         read before the content came: stored without it, and counted as a wrong guess.
         The render now waits, ``WEBFARM_RENDER_CHECK_WAIT`` at most, for the spider's
-        ``render_check`` selector; a page where it never comes is read as it stands."""
+        ``render_check`` selector; a page where it never comes is read as it stands. A
+        host where it never came in two renders is waited for no more (a slip in the
+        selector made each render of the site that much longer)."""
+        found, missed = self._check_seen.get(host, (0, 0))
+        if not found and missed >= CHECK_MISSES:
+            return
         try:
             await page.wait_for_selector(selector, state="attached",
                                          timeout=self.check_wait * 1000)
+            found += 1
         except PlaywrightTimeoutError:
             self.stats.inc_value("webfarm/render/check_wait_timeouts")
+            missed += 1
+            if not found and missed == CHECK_MISSES:
+                logger.warning("Render: render_check %r did not appear in %d renders of %s "
+                               "within WEBFARM_RENDER_CHECK_WAIT (%gs): renders there no "
+                               "longer wait for it (is the selector right?)", selector,
+                               missed, host, self.check_wait)
         except Exception as exc:  # noqa: BLE001 - a closed page is found by what follows
             logger.debug("Waiting for %r on %s failed: %s", selector, page.url, exc)
+        self._check_seen[host] = (found, missed)
 
     async def _navigate(self, request: Request, page: Page, spider: Spider) -> tuple[Any, Any]:
         """The navigation; one that timed out waiting for the page's ``load`` event, its
