@@ -291,7 +291,11 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         documents: list[Any] = []
 
         def on_response(response: Any) -> None:
-            if response.frame == page.main_frame and response.request.is_navigation_request():
+            try:  # a service worker's response has no frame: Playwright raises
+                ours = response.frame == page.main_frame
+            except Exception:  # noqa: BLE001
+                return
+            if ours and response.request.is_navigation_request():
                 documents.append(response)
 
         page.on("response", on_response)
