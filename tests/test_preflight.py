@@ -102,6 +102,13 @@ def test_scrapy_redis_host_and_port_are_not_taken_for_the_embedded_frontier(good
                       "db number your REDIS_PARAMS gave)"], result.stderr[-2000:]
     assert web.hits == []
     assert "valkey" not in result.output.lower()  # no embedded server was started
+    # The same as environment variables (REDIS_URL is read from one) went unsaid.
+    result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/"],
+                           {**env, "REDIS_HOST": "redis.internal"}, timeout=60)
+    assert result.returncode == 1, result.output[-2000:]
+    assert ("webfarm: REDIS_HOST=redis.internal is a scrapy-redis setting, and webfarm reads "
+            "REDIS_URL only: set REDIS_URL=redis://redis.internal:6379/0") in result.stderr
+    assert web.hits == []
 
 
 def test_a_shared_frontier_with_a_local_index_or_blob_folder_is_pointed_out():

@@ -9,6 +9,7 @@ connects to it, and raises :class:`ConfigError` with that line otherwise.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,13 +102,16 @@ def _refuse_scrapy_redis_address(settings: BaseSettings) -> None:
     neither and started the embedded Valkey, so each machine of a migrated deployment
     crawled on a frontier of its own (every URL once per machine, and each machine as
     impolite as the whole fleet should be). Said in one line instead."""
-    given = [f"{name}={settings.get(name)}" for name in ("REDIS_HOST", "REDIS_PORT")
-             if settings.get(name)]
+    values = {name: settings.get(name) or os.environ.get(name, "").strip()
+              for name in ("REDIS_HOST", "REDIS_PORT")}  # as variables, as REDIS_URL is read
+    given = [f"{name}={value}" for name, value in values.items() if value]
     if given:
-        host = settings.get("REDIS_HOST") or "localhost"
-        port = settings.get("REDIS_PORT") or 6379
+        host = values["REDIS_HOST"] or "localhost"
+        port = values["REDIS_PORT"] or 6379
         raise ConfigError(
-            f"{' and '.join(given)} are scrapy-redis settings, and webfarm reads REDIS_URL "
+            f"{' and '.join(given)} "
+            f"{'are scrapy-redis settings' if len(given) > 1 else 'is a scrapy-redis setting'}"
+            ", and webfarm reads REDIS_URL "
             f"only: set REDIS_URL=redis://{host}:{port}/0 (with user:password@ and the db "
             "number your REDIS_PARAMS gave)")
 
