@@ -47,6 +47,19 @@ def pipe_may_close(run: Callable[..., None]) -> Callable[..., None]:
     return wrapped
 
 
+def one_spider(args: list[str], command: str) -> str:
+    """The one spider name a command takes. Scrapy hands a command the options it does not
+    know as arguments, so a slip (``--dryrun``) was said as a missing spider name."""
+    unknown = [arg for arg in args if arg.startswith("-")]
+    if unknown:
+        raise UsageError(f"no option {unknown[0]} (see `scrapy {command} -h`)",
+                         print_help=False)
+    if len(args) != 1:
+        raise UsageError(f"name one spider: scrapy {command} SPIDER (`scrapy list` shows "
+                         "them)", print_help=False)
+    return args[0]
+
+
 class CommandError(Exception):
     """Stop the command with one line on stderr and ``code`` as exit code."""
 

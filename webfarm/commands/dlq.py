@@ -28,13 +28,13 @@ from typing import Any, ClassVar
 
 import redis
 from scrapy.commands import ScrapyCommand
-from scrapy.exceptions import UsageError
 
 from webfarm import serialize
 from webfarm.commands._common import (
     BAD_CONFIG,
     Column,
     CommandError,
+    one_spider,
     open_spider_frontier,
     pipe_may_close,
     render_table,
@@ -220,8 +220,7 @@ class Command(ScrapyCommand):
 
     @pipe_may_close
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
-        if len(args) != 1:
-            raise UsageError("give one spider name", print_help=False)
+        one_spider(args, "dlq")
         try:
             pattern = _pattern(opts.reason)
             if opts.limit < 0:

@@ -22,7 +22,6 @@ from typing import Any, ClassVar
 
 import redis
 from scrapy.commands import ScrapyCommand
-from scrapy.exceptions import UsageError
 from scrapy.settings import BaseSettings
 
 from webfarm.commands._common import (
@@ -30,6 +29,7 @@ from webfarm.commands._common import (
     BAD_INPUT,
     Column,
     CommandError,
+    one_spider,
     open_spider_frontier,
     pipe_may_close,
     render_table,
@@ -208,8 +208,7 @@ class Command(ScrapyCommand):
 
     @pipe_may_close
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
-        if len(args) != 1:
-            raise UsageError("give one spider name", print_help=False)
+        one_spider(args, "frontier")
         try:
             if opts.top < 0:
                 raise CommandError(f"--top {opts.top}: give 0 (all hosts) or more")

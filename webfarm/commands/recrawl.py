@@ -17,13 +17,13 @@ from typing import Any, ClassVar
 import pymongo
 from scrapy.commands import ScrapyCommand
 from scrapy.crawler import Crawler
-from scrapy.exceptions import UsageError
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from webfarm import config
 from webfarm.commands._common import (
     BAD_CONFIG,
     CommandError,
+    one_spider,
     open_spider_frontier,
     report,
     service_variable,
@@ -66,8 +66,7 @@ class Command(ScrapyCommand):
                             help="print the counts (and with --dry-run the pages) as JSON")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
-        if len(args) != 1:
-            raise UsageError("give one spider name", print_help=False)
+        one_spider(args, "recrawl")
         try:
             self._run(args[0], opts)
         except CommandError as exc:

@@ -29,6 +29,7 @@ from webfarm.commands._common import (
     BAD_CONFIG,
     CommandError,
     check_log_level,
+    one_spider,
     report,
     spider_class,
 )
@@ -118,8 +119,7 @@ class Command(ScrapyCommand):
             raise UsageError("Invalid -a value, use -a NAME=VALUE", print_help=False) from None
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
-        if len(args) != 1:
-            raise UsageError("name one spider: scrapy reparse SPIDER")
+        one_spider(args, "reparse")
         assert self.settings is not None
         try:
             self._run(args[0], opts)
