@@ -599,3 +599,18 @@ def test_another_service_s_port_is_said_as_such(other_services, server, other, m
             check_redis(f"redis://{address}/0", timeout=1)
         else:
             config.check_mongo(f"mongodb://{address}", timeout=1)
+
+
+def test_a_mistyped_environment_variable_is_said():
+    """`-s WEBFARM_HOST_DELEY=2` was named as a slip, `WEBFARM_IDLE_TIMEOT=0 scrapy crawl`
+    went unsaid, and the README sets settings through the environment."""
+    from webfarm.settingnames import misspelt_variables
+
+    assert misspelt_variables({
+        "WEBFARM_IDLE_TIMEOT": "0", "WEBFARM_HOST_DELAY": "1",  # a webfarm setting
+        "WEBFARM_CONCURRENT_REQUESTS": "4", "WEBFARM_LOG_LEVEL": "INFO",  # Scrapy's, mapped
+        "WEBFARM_CHROMIUM": "/usr/bin/chromium", "PATH": "/bin", "WEBFARM_SHINY": "1",
+    }) == ["environment variable WEBFARM_IDLE_TIMEOT: no setting reads it; did you mean "
+           "WEBFARM_IDLE_TIMEOUT?",
+           "environment variable WEBFARM_SHINY: no setting reads it; the README's Settings "
+           "table lists them"]

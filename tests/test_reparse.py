@@ -247,8 +247,8 @@ def test_a_spider_with_stores_of_its_own_is_crawled_and_reparsed_there(
     own_redis = redis_url.rsplit("/", 1)[0] + "/3"
     env = runner.env_for(REDIS_URL=redis_url, MONGO_URI=mongo_uri, MONGO_DATABASE=mongo_db_name,
                          BLOB_STORE_URI=(tmp_path / "blobs").as_uri(),
-                         WEBFARM_TEST_OWN_DATABASE=own_db, WEBFARM_TEST_OWN_REDIS=own_redis,
-                         WEBFARM_TEST_OWN_BLOBS=own_blobs.as_uri())
+                         OWN_STORES_DATABASE=own_db, OWN_STORES_REDIS=own_redis,
+                         OWN_STORES_BLOBS=own_blobs.as_uri())
     crawl = runner.scrapy(["crawl", "test_own_stores", "-a", f"start={web.base_urls[0]}/",
                            "-a", "max_pages=5", *SPIDERS], env, 120)
     assert crawl.returncode == 0 and "Traceback" not in crawl.output, crawl.output[-3000:]

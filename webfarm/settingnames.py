@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import os
 import re
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 
@@ -47,8 +49,40 @@ def _known() -> frozenset[str]:
     return frozenset(names)
 
 
+#: Variables read by name that name no setting (the browser, the fetch API's key).
+_VARIABLES = frozenset({"WEBFARM_CHROMIUM", "WEBFARM_FETCH_API_KEY"})
+
+
+def _known_variables() -> frozenset[str]:
+    """Every ``WEBFARM_*`` variable a process reads: a webfarm setting's own name, Scrapy's
+    ``NAME`` as ``WEBFARM_NAME`` (settings/base.py ``_env_name``), and the few read by
+    name only."""
+    return _VARIABLES | frozenset(
+        name if name.startswith("WEBFARM_") else f"WEBFARM_{name}" for name in _known())
+
+
+def misspelt_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line for each ``WEBFARM_*`` environment variable no setting reads: ``-s
+    WEBFARM_HOST_DELEY=2`` was named as a slip, ``WEBFARM_IDLE_TIMEOT=0 scrapy crawl``
+    went unsaid, and the README sets settings through the environment."""
+    known = _known_variables()
+    lines = []
+    for name in sorted(environ):
+        if not name.startswith("WEBFARM_") or name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=CLOSE)
+        hint = f"did you mean {close[0]}?" if close else "the README's Settings table lists them"
+        lines.append(f"environment variable {name}: no setting reads it; {hint}")
+    return lines
+
+
 def misspelt_names(settings: BaseSettings) -> list[str]:
-    """One line for each setting that looks like a slip, with the name meant."""
+    """One line for each setting that looks like a slip, with the name meant; then each
+    ``WEBFARM_*`` environment variable that names no setting."""
+    return _misspelt_settings(settings) + misspelt_variables(os.environ)
+
+
+def _misspelt_settings(settings: BaseSettings) -> list[str]:
     known = _known()
     by_priority = {priority: name for name, priority in SETTINGS_PRIORITIES.items()}
     lines = []

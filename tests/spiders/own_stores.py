@@ -8,8 +8,8 @@ import os
 
 from spiders.generic import GenericSpider
 
-_OWN = (("REDIS_URL", "WEBFARM_TEST_OWN_REDIS"), ("MONGO_DATABASE", "WEBFARM_TEST_OWN_DATABASE"),
-        ("BLOB_STORE_URI", "WEBFARM_TEST_OWN_BLOBS"))
+_OWN = (("REDIS_URL", "OWN_STORES_REDIS"), ("MONGO_DATABASE", "OWN_STORES_DATABASE"),
+        ("BLOB_STORE_URI", "OWN_STORES_BLOBS"))
 
 
 class OwnStoresSpider(GenericSpider):
