@@ -232,9 +232,11 @@ def test_a_misspelt_setting_name_is_said_with_the_name_meant(good, web):
                             "-s", "WEBFARM_HOST_DELAI=0.5", "-s", "CONCURENT_REQUESTS=1",
                             "-s", "webfarm_idle_timeout=1", "-s", "WEBFARM_SPEED=9",
                             "-s", "MYAPI_KEY=k", "-s", "WEBFARM_RETRY_TIMES=often"],
-                           runner.env_for(**good), timeout=60)
+                           {**runner.env_for(**good), "WEBFARM_IDLE_TIMEOT": "0"}, timeout=60)
     said = [line.split("webfarm: ", 1)[1] for line in result.stderr.splitlines()
             if "webfarm: -s " in line]
+    assert ("webfarm: environment variable WEBFARM_IDLE_TIMEOT: no setting reads it; did you "
+            "mean WEBFARM_IDLE_TIMEOUT?") in result.stderr
     assert said == [
         "-s CONCURENT_REQUESTS: no such setting, Scrapy ignores it; did you mean "
         "CONCURRENT_REQUESTS?",
