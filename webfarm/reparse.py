@@ -82,6 +82,7 @@ class ReparseStats:
     damaged_blobs: int = 0
     superseded: int = 0  # items of pages a crawl stored again meanwhile: left as it wrote
     retries: int = 0
+    writing: int = 0  # items extracted and not written yet (a progress line's "+N")
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -91,7 +92,11 @@ class ReparseStats:
     def line(self) -> str:
         rate = self.pages / self.seconds if self.seconds > 0 else 0.0
         newer = (f", {self.superseded} left to a newer fetch" if self.superseded else "")
-        return (f"reparse: {self.pages} pages, {self.items} items: {self.created} created, "
+        # Items are counted as written, in batches: progress lines said "0 items" until
+        # the first batch landed.
+        writing = f" (+{self.writing} being written)" if self.writing else ""
+        return (f"reparse: {self.pages} pages, {self.items} items{writing}: "
+                f"{self.created} created, "
                 f"{self.changed} changed, {self.unchanged} unchanged, {self.dropped} dropped"
                 f"{newer}; "
                 f"{self.errors} errors, "
@@ -204,7 +209,9 @@ class Reparser:
             pages = self._reader.pages(page_query(self.spider.name, since, url_pattern, shard))
             for doc, read in self._reader.read_ahead(pages, pool):
                 stats.pages += 1
-                pending += self._page(doc, read, stats)
+                extracted = self._page(doc, read, stats)
+                stats.writing += len(extracted)
+                pending += extracted
                 if len(pending) >= self.batch_size:
                     self._write(pending, stats)
                     pending = []
@@ -309,7 +316,9 @@ class Reparser:
     def _flush(self, stats: ReparseStats) -> None:
         """Wait for the batch being written (its errors raise here) and count it."""
         writing, self._writing = self._writing, None
-        for outcome in writing.result() if writing is not None else ():
+        outcomes = writing.result() if writing is not None else ()
+        stats.writing -= len(outcomes)
+        for outcome in outcomes:
             if isinstance(outcome, ItemError):  # refused by the server's rules; others stored
                 stats.errors += 1
                 logger.error("reparse: %s", outcome)
