@@ -304,3 +304,21 @@ def test_a_scrapy_style_spider_run_again_says_why_it_fetched_only_its_start_url(
                      r"link\(s\) found were seen before by plain's frontier", again.output)
     for advice in ("scrapy recrawl plain", "scrapy frontier plain --reset --yes"):
         assert advice in again.output
+
+
+def test_the_links_seen_advice_needs_the_start_urls_to_be_all_it_fetched(caplog):
+    """A worker that also fetched the 10 pages `scrapy recrawl` had queued was told to run
+    `scrapy recrawl`, the command just run."""
+    from webfarm.advice import explain_links_seen
+
+    class Stats(dict):
+        def get_value(self, key, default=None):
+            return self.get(key, default)
+
+    ran = {"webfarm/frontier/start_requests": 1, "webfarm/frontier/duplicates": 10,
+           "webfarm/frontier/enqueued": 1}
+    with caplog.at_level("WARNING", logger="webfarm.advice"):
+        explain_links_seen(Stats(ran, **{"webfarm/frontier/dequeued": 11}), "acme")
+        assert caplog.records == []
+        explain_links_seen(Stats(ran, **{"webfarm/frontier/dequeued": 1}), "acme")
+    assert "fetched its start URL(s) and nothing else: the 10 link(s)" in caplog.text

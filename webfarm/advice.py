@@ -149,7 +149,9 @@ def explain_links_seen(stats: StatsCollector | None, name: str) -> None:
     starts = get("webfarm/frontier/start_requests", 0)
     # Links the frontier knew already, not those this worker had just queued itself.
     known = get("webfarm/frontier/duplicates", 0) - get("webfarm/frontier/duplicates_local", 0)
-    if (not starts or not get("webfarm/frontier/dequeued") or known <= 0
+    # It fetched its start URLs and no more: a worker that also took a recrawl's pages,
+    # seeds or other workers' links was told to run the `scrapy recrawl` it had just run.
+    if (not starts or not 0 < get("webfarm/frontier/dequeued", 0) <= starts or known <= 0
             or get("webfarm/frontier/enqueued", 0) > starts):
         return
     logger.warning(
