@@ -18,6 +18,7 @@ from tests.servers import free_port
 from tests.testweb import TestWeb
 from webfarm.blobstore import open_blob_store
 from webfarm.commands import parse, shell
+from webfarm.items import PageItem
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +83,31 @@ class SlowPipeline:
     async def process_item(self, item):
         await asyncio.sleep(1.0)
         return item
+
+
+class RefusingPipeline:
+    """A project's pipeline that refuses the spider's items (a price that is no number)."""
+
+    def process_item(self, item):
+        if isinstance(item, PageItem):
+            return item
+        raise ValueError("price 'call us' is not a number")
+
+
+def test_scrapy_parse_pipelines_says_an_item_refused_in_one_line_and_fails(dev_web, stores):
+    """Scrapy's parse starts each item's pipelines and leaves them: a refused item was a
+    15-line "Task exception was never retrieved" traceback, and exit 0."""
+    base = dev_web.base_urls[0]
+    product = f"{base}/product/{min(dev_web.shop(base).products)}"
+    result = run(stores, "parse", "--spider=catalogue", "--pipelines", "-a", f"start={base}/",
+                 "-s", 'ITEM_PIPELINES={"tests.test_dev_commands.RefusingPipeline": 50}',
+                 product)
+    assert result.returncode == 1, result.output[-3000:]
+    assert "Task exception was never retrieved" not in result.output
+    assert "Traceback" not in result.output
+    said = [line for line in result.stderr.splitlines() if "webfarm: an item pipeline" in line]
+    assert said and all(line.endswith("ValueError: price 'call us' is not a number")
+                        for line in said), result.stderr[-2000:]
 
 
 def test_scrapy_parse_pipelines_stores_the_page_and_its_items(dev_web, stores, redis_url,
