@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import re
 import threading
 
 import pytest
@@ -105,6 +106,11 @@ def test_robots_without_sitemap_lines_and_bad_input(web):
         with pytest.raises(SitemapError, match="not an http"):
             SitemapReader().read(bad)
     assert start_url("example.com") == ("https://example.com/robots.txt", True)
+    # A bare host is tried over https; a plain-HTTP site answered with an SSL error only.
+    netloc = base.split("//")[1]
+    with pytest.raises(SitemapError, match=rf"; if the site serves plain HTTP, give "
+                                           rf"http://{re.escape(netloc)}/$"):
+        SitemapReader().read(netloc)
     assert start_url("http://h:81/s.xml") == ("http://h:81/s.xml", False)
 
 

@@ -19,6 +19,7 @@ robots.txt chosen by a stranger names the next URLs to fetch.
 
 from __future__ import annotations
 
+import ssl
 import urllib.error
 import urllib.request
 import zlib
@@ -140,7 +141,12 @@ class SitemapReader:
         except urllib.error.HTTPError as exc:
             raise SitemapError(f"{url}: HTTP {exc.code} {exc.reason}") from None
         except urllib.error.URLError as exc:
-            raise SitemapError(f"{url}: cannot fetch ({exc.reason})") from None
+            # A bare host is tried over https: a site on plain HTTP only answered with
+            # "[SSL: WRONG_VERSION_NUMBER]" and no word of what to type instead.
+            hint = (f"; if the site serves plain HTTP, give http://{urlsplit(url).netloc}/"
+                    if isinstance(exc.reason, ssl.SSLError) and url.startswith("https://")
+                    else "")
+            raise SitemapError(f"{url}: cannot fetch ({exc.reason}){hint}") from None
         except (OSError, ValueError) as exc:  # timeouts, resets, malformed responses
             raise SitemapError(f"{url}: cannot fetch ({type(exc).__name__}: {exc})") from None
         if len(data) > self.max_bytes:
