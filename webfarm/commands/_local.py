@@ -73,6 +73,12 @@ class FromStore(LocalScheduling):
             use_stored_pages(self.settings)
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
+        if getattr(opts, "spider", None):  # a typo: Scrapy's "Unable to find spider", exit 0
+            try:
+                spider_class(self.settings, opts.spider)
+            except CommandError as exc:
+                report(self, exc)
+                return
         if opts.stored and args and is_url(args[0]):
             try:
                 stored_by = check_stored(self.settings, args[0], getattr(opts, "spider", None))
