@@ -19,9 +19,9 @@ worker went on at the same pace, about every other request was refused and retri
 pages ran out of attempts (4 dead letters of 15 pages at a 0.2 s delay against a
 limiter's 0.7 s). Every 429 now doubles the host's delay for every worker (a
 ``host_limited`` signal; at least twice ``WEBFARM_HOST_DELAY`` and 0.5 s, at most
-``AUTOTHROTTLE_MAX_DELAY``), once per delay, and the delay halves by itself after about
-ten of its turns (the frontier's ``limit`` op): a limiter is found in a few refusals and
-not hit at once again, as TCP backs off (``WEBFARM_RATE_LIMIT_BACKOFF``).
+``AUTOTHROTTLE_MAX_DELAY``), once per delay, and comes down by itself, a tenth of it
+each turn of the host (the frontier's ``limit`` op): a limiter is found in a few
+refusals and not hit at once again, as TCP backs off (``WEBFARM_RATE_LIMIT_BACKOFF``).
 
 Uses Scrapy's own ``RETRY_ENABLED``, ``RETRY_HTTP_CODES``, ``RETRY_EXCEPTIONS``
 and the ``dont_retry`` meta key; ``WEBFARM_RETRY_AFTER`` switches the deferral.
@@ -163,10 +163,9 @@ class FrontierRetryMiddleware:
     def _limit_host(self, request: Request) -> None:
         host = host_of(request.url)
         self._inc("webfarm/rate_limit/refused")
-        logger.info("%s answered 429: its delay doubles for every worker (once a delay, at "
-                    "least %.1fs, at most AUTOTHROTTLE_MAX_DELAY=%gs) and comes down by "
-                    "itself; `scrapy frontier` shows it", host, self.limit_floor,
-                    self.limit_max)
+        logger.info("%s answered 429 (rate limited): the frontier doubles its delay for "
+                    "every worker, once a delay, up to AUTOTHROTTLE_MAX_DELAY=%gs, and it "
+                    "comes down by itself; `scrapy frontier` shows it", host, self.limit_max)
         self.crawler.signals.send_catch_log(wf_signals.host_limited, host=host,
                                             floor=self.limit_floor, maximum=self.limit_max)
 

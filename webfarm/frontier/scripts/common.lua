@@ -163,46 +163,47 @@ local function fleet_default(worker, own_ms)
   if worker ~= '' then
     redis.call('HSET', K_DEFAULTS, worker, fmt_int(own_ms) .. ' ' .. fmt_int(NOW + DEFAULTS_TTL))
   end
-  local best = own_ms
+  local best
   local flat = redis.call('HGETALL', K_DEFAULTS)
   for i = 1, #flat, 2 do
     local ms, expires = string.match(flat[i + 1], '^(%d+) (%d+)$')
     if not ms or tonumber(expires) < NOW then
       redis.call('HDEL', K_DEFAULTS, flat[i])
-    elseif tonumber(ms) > best then
+    elseif not best or tonumber(ms) > best then
       best = tonumber(ms)
     end
   end
-  return best
+  -- A caller that is no worker (`scrapy frontier`, a seed) has its own default counted only
+  -- when no worker runs: it read, and spaced, hosts by its own settings' default.
+  return best or own_ms
 end
 
 -- The delay a host's 429s asked for (OPS.limit), shared by every worker: MS at AT_MS, then
--- halving every LIMIT_HALF_LIFE times MS (about as many answers), gone once under the
--- default. Kept apart from the host's delay, which the latency rule of any worker sets
--- again after most answers: each worker used to keep its own, and the last to write won,
--- so a worker that had seen no 429 undid the fleet's backoff.
-local LIMIT_HALF_LIFE = 10
-local function limited_ms(host, default_ms)
+-- 100 ms less each second (a tenth of the delay each turn of the host), back down to the
+-- host's other delays. Kept apart from the host's delay, which the latency rule of any
+-- worker sets again after most answers: each worker used to keep its own, and the last to
+-- write won, so a worker that had seen no 429 undid the fleet's backoff. Only a pop
+-- (``tidy``) drops a spent one: reading it (`scrapy frontier`) changes nothing.
+local function limited_ms(host, tidy)
   local v = redis.call('HGET', K_LIMITED, host)
   if not v then return 0 end
   local ms, at = string.match(v, '^(%d+) (%d+)$')
-  local now_ms = ms and math.floor(tonumber(ms) * 2 ^ (-(NOW - tonumber(at)) /
-                                                          (LIMIT_HALF_LIFE * tonumber(ms))))
-  if not now_ms or now_ms <= default_ms then
-    redis.call('HDEL', K_LIMITED, host)
+  local left = ms and tonumber(ms) - math.floor((NOW - tonumber(at)) / 10)
+  if not left or left <= 0 then
+    if tidy then redis.call('HDEL', K_LIMITED, host) end
     return 0
   end
-  return now_ms
+  return left
 end
 
 -- A host's own delay (robots.txt, the latency rule, DOWNLOAD_SLOTS, 429s) raises the fleet's
 -- default, never lowers it: a worker with a shorter default set each host it fetched to
 -- about that default, and those hosts went as fast as that worker's setting for everyone.
-local function host_delay_ms(host, default_ms)
+local function host_delay_ms(host, default_ms, tidy)
   local d = tonumber(redis.call('HGET', K_DELAY, host) or '')
   local ms = default_ms
   if d then ms = math.max(math.floor(d * 1000 + 0.5), default_ms) end
-  return math.max(ms, limited_ms(host, default_ms))
+  return math.max(ms, limited_ms(host, tidy))
 end
 
 local function drop_ready(host)
@@ -292,7 +293,7 @@ local function pop_one(worker, lease_ms, default_ms, scope, wait)
         if empty then drop_ready(host) end
       else
         d_queued = d_queued - 1
-        local nxt = NOW + host_delay_ms(host, default_ms)
+        local nxt = NOW + host_delay_ms(host, default_ms, true)
         if empty then
           drop_ready(host)
           if nxt > NOW then redis.call('ZADD', K_COOL, nxt, host) end
