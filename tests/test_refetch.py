@@ -290,7 +290,17 @@ def test_due_pages_most_overdue_first_and_queued_once(redis_url, mongo_uri, mong
             "etag": '"v1"' if path == "/b" else None,
             "last_modified": formatdate(1704067200, usegmt=True) if path == "/c" else None})
     db.pages.insert_one({"_id": "other", "url": "http://127.0.0.2:9/x", "spider": "other",
-                         "refetch_interval": 1.0, "next_fetch_at": now})
+                         "spiders": ["other"], "refetch_interval": 1.0, "next_fetch_at": now})
+    # generic stored it first, a site spider since: still generic's to refetch (it found
+    # 0 due), without the site spider's callback.
+    db.pages.insert_one({"_id": "both", "url": "http://127.0.0.2:9/e", "spider": "acme",
+                         "spiders": ["generic", "acme"], "callback": "parse_product",
+                         "refetch_interval": 3600.0,
+                         "next_fetch_at": now - dt.timedelta(seconds=30)})
+    due, _ = due_pages(db.pages, "generic", now)
+    assert [p.url.rsplit("/", 1)[1] for p in due] == ["c", "b", "a", "e"]
+    assert due[-1].callback is None
+    db.pages.delete_one({"_id": "both"})
     due, _ = due_pages(db.pages, "generic", now)
     assert [p.url.rsplit("/", 1)[1] for p in due] == ["c", "b", "a"]
     assert due[0].priority > due[1].priority > due[2].priority >= 0

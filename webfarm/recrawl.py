@@ -65,7 +65,7 @@ META_KEY = "webfarm_recrawl"
 # ``gone_at``) instead of Scrapy dropping the response unseen.
 GONE_STATUSES = (404, 410)
 _FIELDS = ("url", "next_fetch_at", "refetch_interval", "fetched_at", "etag", "last_modified",
-           "recrawl_queued_at", "callback", "cb_kwargs")
+           "recrawl_queued_at", "callback", "cb_kwargs", "spider")
 
 
 def utcnow() -> dt.datetime:
@@ -116,8 +116,11 @@ def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = Non
     ``keep``, if given, says which URLs to consider at all; ``queued_marks`` False: the
     frontier holds nothing, so no page is still queued whatever its mark says."""
     wall = wall or utcnow()
-    cursor = pages.find({"spider": spider, "next_fetch_at": {"$lte": now}},
-                        dict.fromkeys(_FIELDS, 1))
+    # Every page the spider stored, also those another spider stored since (``spiders``,
+    # as re-parse reads them): on ``spider``, the last to store it, a generic crawl's
+    # pages that a site spider had stored again were never due for generic.
+    cursor = pages.find({"$or": [{"spiders": spider}, {"spider": spider}],
+                         "next_fetch_at": {"$lte": now}}, dict.fromkeys(_FIELDS, 1))
     skipped = 0
 
     def candidates() -> Iterator[DuePage]:
@@ -131,9 +134,11 @@ def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = Non
             overdue = (now - as_utc(doc["next_fetch_at"])).total_seconds()
             interval = float(doc.get("refetch_interval") or 0.0)
             ratio = overdue / interval if interval > 0 else overdue
+            own = doc.get("spider") == spider  # another spider's callback is not this one's
             yield DuePage(ratio, overdue, doc["url"], doc["_id"], doc.get("etag") or None,
-                          _http_date(doc.get("last_modified")), doc.get("callback"),
-                          doc.get("cb_kwargs"))
+                          _http_date(doc.get("last_modified")),
+                          doc.get("callback") if own else None,
+                          doc.get("cb_kwargs") if own else None)
 
     if limit is None:
         found = sorted(candidates(), reverse=True)
