@@ -19,8 +19,8 @@ worker went on at the same pace, about every other request was refused and retri
 pages ran out of attempts (4 dead letters of 15 pages at a 0.2 s delay against a
 limiter's 0.7 s). Every 429 now doubles the host's delay for every worker (a
 ``host_limited`` signal; at least twice ``WEBFARM_HOST_DELAY`` and 0.5 s, at most
-``AUTOTHROTTLE_MAX_DELAY``), once per delay, and comes down by itself, a tenth of it
-each turn of the host (the frontier's ``limit`` op): a limiter is found in a few
+``AUTOTHROTTLE_MAX_DELAY``), once per delay, and comes down by itself, 0.05 s a
+second (the frontier's ``limit`` op): a limiter is found in a few
 refusals and not hit at once again, as TCP backs off (``WEBFARM_RATE_LIMIT_BACKOFF``).
 
 Uses Scrapy's own ``RETRY_ENABLED``, ``RETRY_HTTP_CODES``, ``RETRY_EXCEPTIONS``

@@ -440,8 +440,8 @@ class Frontier(FrontierReads):
         return int(self._call("limit", *self._limit_args(host, floor, maximum))) / 1000
 
     def _limit_args(self, host: str, floor: float, maximum: float) -> list[Any]:
-        """At least ``floor`` s, at most ``maximum`` s; it comes down by itself, 0.1 s a
-        second (a tenth each turn of the host), and a 429 to a request sent before the
+        """At least ``floor`` s, at most ``maximum`` s; it comes down by itself, 0.05 s a
+        second (half of it in ten of its turns), and a 429 to a request sent before the
         last doubling is ignored."""
         _check_host(host)
         return [host, round(floor * 1000), round(max(maximum, floor) * 1000),

@@ -256,7 +256,7 @@ end
 
 -- limit: ARGV 3 host, 4 floor ms, 5 max ms, 6 default ms -> the host's delay now, ms. A 429:
 -- the host's delay doubles, for every worker (at least the floor, at most the max), and
--- comes down again by itself, 100 ms a second (limited_ms). Once per delay: a 429 to a request that left
+-- comes down again by itself, 50 ms a second (limited_ms). Once per delay: a 429 to a request that left
 -- before the last doubling does not double it again.
 OPS.limit = function()
   local host = ARGV[3]
