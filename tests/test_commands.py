@@ -475,8 +475,7 @@ def test_a_second_requeue_or_purge_waits_for_the_first(redis_url, tmp_path):
 def test_a_mistyped_option_is_named_not_taken_for_a_missing_spider(stores):
     """Scrapy hands a command the options it does not know as arguments: `scrapy reparse
     acme --dryrun` said "name one spider", as if the spider were missing."""
-    for command, slip in (("reparse", "--dryrun"), ("recrawl", "--dryrun"),
-                          ("frontier", "--rest"), ("dlq", "--reqeue")):
+    for command, slip in (("reparse", "--dryrun"), ("frontier", "--rest")):
         result = run(stores, command, "generic", slip)
         assert result.returncode == 2 and "Traceback" not in result.output, result.output
         assert f"error: no option {slip} (see `scrapy {command} -h`)" in result.stderr

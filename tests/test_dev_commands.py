@@ -350,10 +350,9 @@ def test_the_links_seen_advice_needs_the_start_urls_to_be_all_it_fetched(caplog)
     assert "fetched its start URL(s) and nothing else: the 10 link(s)" in caplog.text
 
 
-def test_a_mistyped_spider_of_fetch_or_parse_is_one_line_and_exit_2(stores):
+def test_a_mistyped_spider_of_parse_is_one_line_and_exit_2(stores):
     """`scrapy parse --spider=acm URL` was Scrapy's "Unable to find spider", exit 0."""
-    for command in ("parse", "fetch"):
-        result = run(stores, command, "--spider=catalog", "http://127.0.0.2:9/")
-        assert result.returncode == 2, result.output[-2000:]
-        assert "webfarm: no spider named 'catalog'; `scrapy list` shows them" in result.stderr
-        assert "Traceback" not in result.output
+    result = run(stores, "parse", "--spider=catalog", "http://127.0.0.2:9/")
+    assert result.returncode == 2, result.output[-2000:]
+    assert "webfarm: no spider named 'catalog'; `scrapy list` shows them" in result.stderr
+    assert "Traceback" not in result.output

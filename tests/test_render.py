@@ -387,7 +387,7 @@ def test_one_page_the_browser_fails_does_not_send_its_host_to_the_fetch_api(web,
     site = JsSite(pages=3).install(web, web.base_urls[1])
 
     def slow_page(info):
-        time.sleep(4)
+        time.sleep(2.5)  # past the browser's 1.5 s navigation timeout
         return Response.html(
             '<!doctype html><html><head><title>hang</title></head><body><div id="app"></div>'
             '<script>document.getElementById("app").innerHTML = "<h1>Hang</h1><p>built at '
