@@ -181,10 +181,11 @@ end
 -- The delay a host's 429s asked for (OPS.limit), shared by every worker: MS at AT_MS, then
 -- 50 ms less each second (half of it in ten of its turns), back down to the host's other
 -- delays. At 100 ms a second a limiter allowing a page in 0.7 s refused one every 6 s,
--- twice as often; halving instead took 95 s to come back from a short burst. Kept apart from the host's delay, which the latency rule of any
--- worker sets again after most answers: each worker used to keep its own, and the last to
--- write won, so a worker that had seen no 429 undid the fleet's backoff. Only a pop
--- (``tidy``) drops a spent one: reading it (`scrapy frontier`) changes nothing.
+-- twice as often; halving instead took 95 s to come back from a short burst. Kept apart
+-- from the host's delay, which the latency rule of any worker sets again after most
+-- answers: each worker used to keep its own, and the last to write won, so a worker that
+-- had seen no 429 undid the fleet's backoff. Only a pop or a worker's set_delay (``tidy``)
+-- drops a spent one: reading it (`scrapy frontier`) changes nothing.
 local function limited_ms(host, tidy)
   local v = redis.call('HGET', K_LIMITED, host)
   if not v then return 0 end

@@ -256,8 +256,8 @@ end
 
 -- limit: ARGV 3 host, 4 floor ms, 5 max ms, 6 default ms -> the host's delay now, ms. A 429:
 -- the host's delay doubles, for every worker (at least the floor, at most the max), and
--- comes down again by itself, 50 ms a second (limited_ms). Once per delay: a 429 to a request that left
--- before the last doubling does not double it again.
+-- comes down again by itself, 50 ms a second (limited_ms). Once per delay: a 429 to a
+-- request that left before the last doubling does not double it again.
 OPS.limit = function()
   local host = ARGV[3]
   local default_ms = fleet_default('', tonumber(ARGV[6]))
