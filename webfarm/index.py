@@ -38,7 +38,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from webfarm import neardup
 from webfarm.bulkwrite import WriteOp, write_unordered
-from webfarm.refetch import as_utc
+from webfarm.refetch import stored_later
 from webfarm.urlcounts import CountMoves, count_ops, counted_by_insert, forget_orphans
 from webfarm.urls import canonical_url, url_fingerprint
 
@@ -130,12 +130,6 @@ def utc(ts: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc)
 
 
-def _later_stored(before: dict[str, Any] | None, page: dict[str, Any]) -> bool:
-    """Whether the stored page was fetched after ``page`` (workers' clocks decide)."""
-    stored = (before or {}).get("fetched_at")
-    return isinstance(stored, dt.datetime) and as_utc(stored) > utc(page["fetched_at"])
-
-
 class IndexStore:
     def __init__(
         self, uri: str, database: str = "webfarm", timeout_ms: int = 10_000,
@@ -206,7 +200,8 @@ class IndexStore:
         # A later fetch of the page is stored already: this fetch was held past its lease
         # (a stalled worker), and another worker fetched the page again meanwhile. Written,
         # it put the older content back over the newer (491 of 665 pages went back 12 s).
-        stale = {i for i in batch if _later_stored(before.get(ids[i]), pages[i])}
+        stale = {i for i in batch
+                 if stored_later(before.get(ids[i]), "fetched_at", pages[i]["fetched_at"])}
         for i in stale:
             b = before[ids[i]]
             records[i] = PageRecord(ids[i], False, False, False, b.get("duplicate_of"),

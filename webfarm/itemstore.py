@@ -36,7 +36,7 @@ from pymongo.database import Database
 from webfarm.bulkwrite import WriteOp, write_unordered
 from webfarm.config import ConfigError
 from webfarm.exceptions import ItemError
-from webfarm.refetch import as_utc
+from webfarm.refetch import as_utc, stored_later
 
 CREATED, CHANGED, UNCHANGED = "created", "changed", "unchanged"
 SUPERSEDED = "superseded"  # not written: a later extraction is stored
@@ -92,12 +92,6 @@ def item_hash(fields: dict[str, Any]) -> str:
     return hashlib.sha256(
         json.dumps(fields, sort_keys=True, default=str, ensure_ascii=False).encode()
     ).hexdigest()
-
-
-def _later(doc: dict[str, Any] | None, at: dt.datetime) -> bool:
-    """Whether the stored item was extracted after ``at``."""
-    stored = (doc or {}).get("extracted_at")
-    return isinstance(stored, dt.datetime) and as_utc(stored) > as_utc(at)
 
 
 def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None,
@@ -276,7 +270,7 @@ class ItemStore:
             for i in idx:
                 entry = entries[i]
                 k = self._k(entry.key)
-                if _later(found.get(k), entry.extracted_at):
+                if stored_later(found.get(k), "extracted_at", entry.extracted_at):
                     # A later extraction is stored: this one's page was fetched before a
                     # worker stalled past its lease, and another fetched it again since.
                     results[i] = SUPERSEDED

@@ -224,6 +224,14 @@ def as_utc(value: Any) -> dt.datetime:
     return value
 
 
+def stored_later(doc: Mapping[str, Any] | None, field: str, at: Any) -> bool:
+    """Whether ``doc``'s ``field`` (a BSON date) is later than ``at`` (epoch seconds or a
+    datetime): a later fetch of a page, or extraction of an item, is stored already (a
+    worker stalled past its lease; the workers' clocks decide)."""
+    stored = (doc or {}).get(field)
+    return isinstance(stored, dt.datetime) and as_utc(stored) > as_utc(at)
+
+
 class RefetchPolicy:
     """Sets ``refetch_interval`` and ``next_fetch_at`` (and the change-rate counts) after
     each fetch; selected with ``WEBFARM_REFETCH_POLICY``."""
