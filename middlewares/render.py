@@ -126,7 +126,8 @@ class RenderMiddleware:
         self._check_said = False  # a render_check that the rendered page failed too
         self._left = LeftTheHosts(crawler, "browser went offsite", "keep")
         self._root_misleads = RecentHosts[None](host_memory_size(crawler.settings))
-        self._browser_failures: dict[str, int] = {}  # host -> renders failed, this worker
+        # Per host, renders the browser failed in this worker (the hosts used last).
+        self._browser_failures = RecentHosts[int](host_memory_size(crawler.settings))
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RenderMiddleware:
@@ -378,9 +379,8 @@ class RenderMiddleware:
                 # host a few times, or is missing: one slow page (a navigation timeout)
                 # sent every later page of a host the browser renders fine to the API.
                 host = host_of(request.url)
-                if len(self._browser_failures) > 10_000:
-                    self._browser_failures.clear()
-                failures = self._browser_failures[host] = self._browser_failures.get(host, 0) + 1
+                failures = self._browser_failures.get(host, 0) + 1
+                self._browser_failures[host] = failures
                 if missing or failures >= BROWSER_FAILURES_TO_API:
                     await self.memory.remember(host, "api")
             return page
