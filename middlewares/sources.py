@@ -38,7 +38,7 @@ from scrapy.http import Response
 from webfarm import serialize
 from webfarm.exceptions import ItemError
 from webfarm.items import ItemSource, PageItem, attach_source, has_source
-from webfarm.itemstore import collection_of, key_fields_of
+from webfarm.itemstore import collection_of, key_fields_of, keyless_advice
 from webfarm.queue import LOCAL
 
 logger = logging.getLogger(__name__)
@@ -159,10 +159,10 @@ class ItemSourceMiddleware:
         self._said_keyless.add(collection)
         logger.warning(
             "%s yielded %d items without a key from %s into %r: they are stored as one "
-            "document keyed on the page, the last one's. Give them a key: key_fields on "
-            "the Item class, '_key' in a dict, or the spider's item_key_fields (said once "
-            "per collection; counted in webfarm/items/keyless_collapsed)",
-            getattr(self.crawler.spider, "name", "the spider"), n, response.url, collection)
+            "document keyed on the page, the last one's. %s (said once per collection; "
+            "counted in webfarm/items/keyless_collapsed)",
+            getattr(self.crawler.spider, "name", "the spider"), n, response.url, collection,
+            keyless_advice())
 
     def _kept(self, callback: str, kwargs: str | None, url: str) -> str | None:
         """``kwargs`` if small enough to keep with the page; else None, said once per

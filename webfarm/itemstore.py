@@ -12,11 +12,13 @@ they are stored is declared on them:
 
 Each document is the item's fields plus ``source_url``, ``content_hash`` (of
 the page it came from), ``extracted_at``, ``extractor_version`` (the spider's
-``extractor_version``) and ``item_hash`` (of the fields alone), so re-parsing
-tells *created*, *changed* and *unchanged* apart. ``_id`` is the key value (a
-sub-document for composite keys); the key fields are indexed too, and the fields
-``WEBFARM_ITEM_INDEXES`` names (none by default: every index is more work on every
-write, and on SecantusDB a write's cost grows by about a fifth per index).
+``extractor_version``), ``item_hash`` (of the fields alone), so re-parsing
+tells *created*, *changed* and *unchanged* apart, and ``item_key`` (the key's field
+names, so documents stored under a key the items no longer use can be found).
+``_id`` is the key value (a sub-document for composite keys); the key fields are
+indexed too, and the fields ``WEBFARM_ITEM_INDEXES`` names (none by default: every
+index is more work on every write, and on SecantusDB a write's cost grows by about a
+fifth per index).
 """
 
 from __future__ import annotations
@@ -146,6 +148,29 @@ def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None
                      extracted_at, None if version is None else str(version))
 
 
+def fold_keyless(entries: list[ItemEntry]) -> tuple[list[ItemEntry], dict[str, int]]:
+    """One page's entries as the store keeps them: items without a key of their own are
+    keyed on the page, so several of one collection are one document, the last one's.
+    Returns the entries left and, per collection, how many were folded away."""
+    last: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        if entry.key_fields == ("source_url",):
+            last[entry.collection] = i
+    folded: dict[str, int] = {}
+    kept = []
+    for i, entry in enumerate(entries):
+        if entry.key_fields == ("source_url",) and last[entry.collection] != i:
+            folded[entry.collection] = folded.get(entry.collection, 0) + 1
+        else:
+            kept.append(entry)
+    return kept, folded
+
+
+def keyless_advice() -> str:
+    return ("Give them a key: key_fields on the Item class, '_key' in a dict, or the "
+            "spider's item_key_fields")
+
+
 def index_fields(settings: Any) -> tuple[str, ...]:
     """``WEBFARM_ITEM_INDEXES``: fields indexed in every item collection besides its key."""
     names = tuple(str(n).strip() for n in settings.getlist("WEBFARM_ITEM_INDEXES"))
@@ -159,7 +184,7 @@ def index_fields(settings: Any) -> tuple[str, ...]:
 # What the store adds to an item's fields in its document (see ItemStore.write_items).
 STORED_FIELDS = frozenset({"_id", "source_url", "content_hash", "extracted_at",
                            "extractor_version", "item_hash", "changed_at",
-                           "first_extracted_at", "item_fields"})
+                           "first_extracted_at", "item_fields", "item_key"})
 _SEEN = {"item_hash": 1, "extracted_at": 1, "first_extracted_at": 1, "changed_at": 1,
          "item_fields": 1}
 _CREATED_HERE = object()
@@ -280,7 +305,7 @@ class ItemStore:
                 doc = {**entry.fields, "source_url": entry.source_url,
                        "content_hash": entry.content_hash, "extracted_at": entry.extracted_at,
                        "extractor_version": entry.extractor_version, "item_hash": digest,
-                       "item_fields": sorted(entry.fields)}
+                       "item_fields": sorted(entry.fields), "item_key": list(entry.key_fields)}
                 if results[i] != UNCHANGED or k in missing:
                     doc["changed_at"] = entry.extracted_at
                 # A field the item had and has no more (renamed, dropped by a new extractor)

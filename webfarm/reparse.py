@@ -59,6 +59,8 @@ from webfarm.itemstore import (
     ItemEntry,
     ItemError,
     ItemStore,
+    fold_keyless,
+    keyless_advice,
     make_entry,
 )
 from webfarm.queue import callback_for
@@ -81,6 +83,8 @@ class ReparseStats:
     missing_blobs: int = 0
     damaged_blobs: int = 0
     superseded: int = 0  # items of pages a crawl stored again meanwhile: left as it wrote
+    folded: int = 0  # keyless items of one page stored as one document (the last one's)
+    old_keys: int = 0  # documents stored under a key the spider's items no longer use
     retries: int = 0
     writing: int = 0  # items extracted and not written yet (a progress line's "+N")
     started: float = field(default_factory=time.monotonic)
@@ -92,6 +96,7 @@ class ReparseStats:
     def line(self) -> str:
         rate = self.pages / self.seconds if self.seconds > 0 else 0.0
         newer = (f", {self.superseded} left to a newer fetch" if self.superseded else "")
+        newer += f", {self.folded} folded (no key)" if self.folded else ""
         # Items are counted as written, in batches: progress lines said "0 items" until
         # the first batch landed.
         writing = f" (+{self.writing} being written)" if self.writing else ""
@@ -182,6 +187,8 @@ class Reparser:
         self.callback: Callable[[Response], Iterable[Any] | None] = callback
         # pages a WebfarmSpider stored for another callback (``pages.callback``): that one
         self._callbacks: dict[tuple[str, tuple[str, ...]], Callable[..., Any] | None] = {}
+        self._keys: dict[str, tuple[str, ...]] = {}  # collection -> the key its items use
+        self._said_keyless: set[str] = set()
 
     def run(self, since: dt.datetime | None = None, url_pattern: str | None = None,
             shard: tuple[int, int] | None = None) -> ReparseStats:
@@ -219,6 +226,7 @@ class Reparser:
                     self.progress(stats)
             self._write(pending, stats)
             self._flush(stats)
+            self._old_keys(stats)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
             self._writer.shutdown(wait=False)
@@ -263,7 +271,45 @@ class Reparser:
         except Exception:  # a callback bug on one page: log it, go on
             stats.errors += 1
             logger.exception("reparse: %s failed on %s", self.spider.name, doc["url"])
+        return self._folded(entries, doc["url"], stats)
+
+    def _folded(self, entries: list[ItemEntry], url: str, stats: ReparseStats
+                ) -> list[ItemEntry]:
+        """A page's entries as stored: keyless ones of a collection are one document. They
+        were counted as changed (each replaced the one before), and nothing said why."""
+        entries, folded = fold_keyless(entries)
+        for collection, n in folded.items():
+            stats.folded += n
+            if collection not in self._said_keyless:
+                self._said_keyless.add(collection)
+                logger.warning("reparse: %s gave %d items without a key from %s into %r: "
+                               "they are stored as one document keyed on the page, the "
+                               "last one's. %s (said once per collection)", self.spider.name,
+                               n + 1, url, collection, keyless_advice())
+        for entry in entries:
+            self._keys.setdefault(entry.collection, entry.key_fields)
         return entries
+
+    def _old_keys(self, stats: ReparseStats) -> None:
+        """Say how many documents of the collections written are stored under another key
+        than the items' now (a spider that gained key_fields): re-parse writes the items
+        under their new key and leaves the old documents beside them, duplicates."""
+        for collection, key in self._keys.items():
+            other = {"item_key": {"$exists": True, "$ne": list(key)}}
+            coll = self.items.db[collection]
+            n = self._index.call(functools.partial(coll.count_documents, other))
+            if not n:
+                continue
+            stats.old_keys += n
+            was = self._index.call(functools.partial(coll.find_one, other, {"item_key": 1}))
+            stored = "would be stored" if self.dry_run else "were stored"
+            logger.warning(
+                "reparse: %d documents in %r are keyed on %s, and %s's items are now keyed "
+                "on %s: their items %s again under the new key, and these stay beside "
+                "them. Once every page is re-parsed (no --since or --url-pattern), remove "
+                "them: db[%r].delete_many(%r)", n, collection,
+                ", ".join((was or {}).get("item_key") or ()) or "another key",
+                self.spider.name, ", ".join(key), stored, collection, other)
 
     def _callback_of(self, doc: dict[str, Any]) -> Callable[[Response], Any] | None:
         """What to run on a page: ``extract`` (or a plain spider's ``parse``), or the spider

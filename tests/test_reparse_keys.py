@@ -1,0 +1,100 @@
+"""Re-parse and item keys: what a user sees when items have no key, or change their key.
+
+Items without a key of their own are keyed on their page. Several from one page are one
+document (the crawl says so); a re-parse counted the extra ones as "changed" items and
+said nothing. A spider that gains ``key_fields`` stores its items again under the new
+key on re-parse, and the documents stored under the old key stayed beside them, unsaid.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from scrapy.http import Response
+from scrapy.utils.test import get_crawler
+
+from tests.spiders.products import ProductsSpider
+from tests.test_reparser import blobs, index, store_pages  # noqa: F401 (fixtures)
+from webfarm.itemstore import ItemStore
+from webfarm.reparse import Reparser
+
+
+@dataclass
+class Offer:  # no key_fields: one per page, keyed on the page's URL
+    item_collection: ClassVar[str] = "offers"
+    sku: str
+    price: str
+
+
+@dataclass
+class KeyedOffer(Offer):
+    key_fields: ClassVar[tuple[str, ...]] = ("sku",)
+
+
+class ListingSpider(ProductsSpider):
+    """Three offers per page, without a key (a listing's rows, as dicts)."""
+
+    def extract(self, response: Response) -> Iterator[Any]:
+        for n in range(3):
+            yield {"_collection": "rows", "row": n, "page": response.url}
+
+
+class OfferSpider(ProductsSpider):
+    keyed = False
+
+    def extract(self, response: Response) -> Iterator[Any]:
+        sku = response.css(".sku::text").re_first(r"SKU:\s*(\S+)")
+        if sku:
+            yield (KeyedOffer if self.keyed else Offer)(sku=sku, price="$1.00")
+
+
+class KeyedOfferSpider(OfferSpider):
+    keyed = True
+
+
+def reparse(spidercls: type, index, blobs, **kwargs: Any):
+    spider = spidercls.from_crawler(get_crawler(spidercls), start="http://shop.test/")
+    return Reparser(spider, index, blobs, ItemStore(index.db), **kwargs).run()
+
+
+def test_keyless_items_of_one_page_are_counted_as_one_document_and_said_once(
+        index, blobs, caplog):
+    store_pages(index, blobs, 4)
+    caplog.set_level(logging.WARNING, logger="webfarm.reparse")
+    stats = reparse(ListingSpider, index, blobs, batch_size=5)
+    assert (stats.created, stats.changed, stats.items, stats.folded) == (4, 0, 4, 8)
+    assert index.db.rows.count_documents({}) == 4
+    assert [d["row"] for d in index.db.rows.find()] == [2, 2, 2, 2]  # the last one's
+    said = [r.getMessage() for r in caplog.records if "without a key" in r.getMessage()]
+    assert len(said) == 1 and "3 items" in said[0] and "key_fields" in said[0]
+    assert "8 folded (no key)" in stats.line()
+
+    again = reparse(ListingSpider, index, blobs)
+    assert (again.created, again.changed, again.unchanged) == (0, 0, 4)
+
+
+def test_documents_left_under_an_old_key_are_counted_with_how_to_remove_them(
+        index, blobs, caplog):
+    store_pages(index, blobs, 6, skus=3)  # 3 products, each on two pages
+    first = reparse(OfferSpider, index, blobs)
+    assert (first.created, first.old_keys) == (6, 0)  # keyed on the page: one per page
+    assert index.db.offers.distinct("item_key") == ["source_url"]
+
+    caplog.set_level(logging.WARNING, logger="webfarm.reparse")
+    dry = reparse(KeyedOfferSpider, index, blobs, dry_run=True)
+    assert dry.old_keys == 6 and "would be stored" in caplog.text
+    caplog.clear()
+    stats = reparse(KeyedOfferSpider, index, blobs)
+    assert (stats.created, stats.old_keys) == (3, 6)
+    assert index.db.offers.count_documents({}) == 9  # the old ones stay: it only says so
+    [said] = [r.getMessage() for r in caplog.records if "keyed on" in r.getMessage()]
+    assert "6 documents in 'offers' are keyed on source_url" in said
+    assert "now keyed on sku" in said
+
+    # The removal it gives leaves the new documents alone.
+    index.db.offers.delete_many({"item_key": {"$exists": True, "$ne": ["sku"]}})
+    assert sorted(d["_id"] for d in index.db.offers.find()) == ["S0", "S1", "S2"]
+    assert reparse(KeyedOfferSpider, index, blobs).old_keys == 0
