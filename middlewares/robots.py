@@ -116,6 +116,7 @@ class Known:
     deferred: bool = False  # the host is held in the frontier for this outage
     spacing: float = 0.0  # the Crawl-delay in force (0: none)
     burst: bool = False  # loaded while requests of other workers waited for the same file
+    fetched: bool = False  # loaded by a fetch of the file just now: a request to the host
     absent: bool = False  # "unreachable" because the host does not answer at all
 
 
@@ -196,9 +197,10 @@ class RobotsMiddleware:
                 self._inc("webfarm/robots/disallowed")
                 raise RobotsDisallowed("Forbidden by robots.txt")
             if waited and (known.spacing or self.base_delay) and LEASE in request.meta:
-                # Popped while robots.txt was read, and held: they would all go at once.
-                # Back to the frontier, which hands the host's requests out one per delay
-                # (a Crawl-delay's, or WEBFARM_HOST_DELAY's: that one was not kept).
+                # Popped while robots.txt was read, and held: they would all go at once,
+                # right after the file. Back to the frontier, which hands the host's
+                # requests out one per delay (a Crawl-delay's, or WEBFARM_HOST_DELAY's: that
+                # one was not kept), the first a delay after the file's fetch.
                 self._inc("webfarm/robots/spaced")
                 raise GiveBack("held for robots.txt: back to the frontier, to be spaced")
             self._inc("webfarm/robots/allowed")
@@ -287,7 +289,7 @@ class RobotsMiddleware:
         self._known.move_to_end(origin)
         while len(self._known) > MEMORY_ORIGINS:
             self._known.popitem(last=False)
-        return known, waited or known.burst
+        return known, waited or known.burst or known.fetched
 
     # -- loading: Redis first, else fetch under a lock ------------------------------------------
 
@@ -316,7 +318,20 @@ class RobotsMiddleware:
             await self.cache.write(origin, record)
         finally:
             await self.cache.unlock(origin, token)
-        return await self._known_from(origin, record)
+        known = await self._known_from(origin, record)
+        if known.kind == "rules":
+            self._fetched_now(origin, known)
+        return known
+
+    def _fetched_now(self, origin: str, known: Known) -> None:
+        """The file's fetch was a request to the host: its next hand-out waits a delay
+        after it. The request that asked goes back to the frontier (see process_request);
+        it went right after robots.txt, two requests at once, once a day per host."""
+        known.fetched = True
+        spacing = known.spacing or self.base_delay
+        if spacing > 0:
+            self.crawler.signals.send_catch_log(wf_signals.host_defer, host=host_of(origin),
+                                                seconds=spacing, source="robots")
 
     async def _wait_for_other(self, origin: str, token: str) -> Known | Record | None:
         """Another worker holds the lock: wait for its record, or take over the lock."""

@@ -16,10 +16,13 @@ from typing import Any, ClassVar
 from scrapy.http import Response
 from scrapy.utils.test import get_crawler
 
+from tests import test_reparser
 from tests.spiders.products import ProductsSpider
-from tests.test_reparser import blobs, index, store_pages  # noqa: F401 (fixtures)
+from tests.test_reparser import store_pages
 from webfarm.itemstore import ItemStore
 from webfarm.reparse import Reparser
+
+index, blobs = test_reparser.index, test_reparser.blobs  # its fixtures
 
 
 @dataclass

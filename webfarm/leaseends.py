@@ -43,12 +43,14 @@ class LeaseEnds:
     requests are done; ``inc`` counts a stat."""
 
     def __init__(self, settings: BaseSettings, inflight: dict[str, Request],
-                 inc: Callable[[str], None]) -> None:
+                 inc: Callable[[str], None], given_back: Callable[[], None] = lambda: None
+                 ) -> None:
         self.retry_times = allowed_attempts(settings)
         self.backoff_base = settings.getfloat("WEBFARM_RETRY_BACKOFF_BASE", 2.0)
         self.backoff_max = settings.getfloat("WEBFARM_RETRY_BACKOFF_MAX", 600.0)
         self.inflight = inflight
         self._inc = inc
+        self._given_back = given_back  # the frontier holds a request again: ask it soon
         self._failed: dict[str, tuple[str, str]] = {}  # lease -> (kind, reason)
         self.link: FrontierLink | None = None
         self.frontier: Frontier | None = None
@@ -100,6 +102,7 @@ class LeaseEnds:
         elif isinstance(exc, GiveBack):
             self.link.op("release", [lease])
             self._inc("webfarm/frontier/given_back")
+            self._given_back()
         elif isinstance(exc, IgnoreRequest):
             self.link.acks.append(lease)  # robots.txt disallows it...: a normal end
             self._inc("webfarm/frontier/acked")

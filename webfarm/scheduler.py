@@ -115,7 +115,8 @@ class Scheduler(BaseScheduler):
         self.spider: Spider | None = None
         self.link: FrontierLink | None = None
         self._inflight: dict[str, Request] = {}
-        self.ends = LeaseEnds(settings, self._inflight, self._inc)  # acks, retries, dead
+        # acks, retries, dead letters; a request given back may be due before the next poll
+        self.ends = LeaseEnds(settings, self._inflight, self._inc, self._poll_now)
         self._popped: deque[Popped] = deque()  # leased in the last exchange, not handed out
         self._local: deque[Request] = deque()  # meta[LOCAL]: this worker's own, not queued
         self._local_seen: set[bytes] = set()  # their fingerprints (Scrapy's own dupefilter)
@@ -447,6 +448,10 @@ class Scheduler(BaseScheduler):
                 return
             self._wake_call.cancel()  # a host is ready sooner than the pending wake-up
         self._wake_call = reactor.callLater(max(wait, 0.001), self._wake)
+
+    def _poll_now(self) -> None:
+        self._next_poll = 0.0
+        self._wake()
 
     def _wake(self) -> None:
         slot = getattr(self.crawler.engine, "_slot", None)
