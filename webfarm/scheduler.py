@@ -17,7 +17,7 @@ What it adds to a plain scheduler, and why:
   many attempts goes to the dead-letter queue with its reason.
 * **Politeness is the frontier's.** Per-host delays from robots.txt, the
   latency rule and ``Retry-After`` arrive as signals and are stored in Redis,
-  where they gate every worker.
+  where they gate every worker (:class:`~webfarm.politeness.Politeness`).
 * **The reactor never waits for Redis on the hot path.** Under the asyncio reactor
   exchanges run on an asyncio client (:class:`~webfarm.frontier.AsyncFrontier`): the
   engine gets ``None`` at once and is woken when the leases arrive; delay changes
@@ -38,7 +38,6 @@ its scraping (callback and pipelines) completes. It is checked at start.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -66,10 +65,10 @@ from webfarm.config import whole_number
 from webfarm.dupefilter import RecentFingerprints
 from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped
 from webfarm.frontierlink import FrontierLink
-from webfarm.hostdelays import HostDelays
 from webfarm.hostmemory import RecentHosts, host_memory_size
 from webfarm.leaseends import LeaseEnds
 from webfarm.outcomes import hook_downloader_output
+from webfarm.politeness import Politeness
 from webfarm.queue import (
     ATTEMPTS,
     HANDED_OUT,
@@ -82,7 +81,7 @@ from webfarm.queue import (
 )
 from webfarm.redisconn import REDIS_ERRORS, async_redis_client, redis_client
 from webfarm.serialize import SerializationError
-from webfarm.urls import bare_host, host_of, within_domains
+from webfarm.urls import bare_host, within_domains
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +119,7 @@ class Scheduler(BaseScheduler):
         self._popped: deque[Popped] = deque()  # leased in the last exchange, not handed out
         self._local: deque[Request] = deque()  # meta[LOCAL]: this worker's own, not queued
         self._local_seen: set[bytes] = set()  # their fingerprints (Scrapy's own dupefilter)
-        self.delays = HostDelays(settings)  # by source; the frontier gets the largest
+        self.polite = Politeness(settings, self._inc)  # host delays, deferrals, turns
         self._next_poll = 0.0
         self._wake_call: Any = None
         self._empty_since: float | None = None
@@ -136,11 +135,12 @@ class Scheduler(BaseScheduler):
         connect(scheduler.spider_idle, signal=signals.spider_idle)
         connect(scheduler.ends.item_error, signal=signals.item_error)
         connect(scheduler.ends.spider_error, signal=signals.spider_error)
-        connect(scheduler.host_delay, signal=wf_signals.host_delay)
-        connect(scheduler.host_defer, signal=wf_signals.host_defer)
-        connect(scheduler.host_limited, signal=wf_signals.host_limited)
-        connect(scheduler.render_arrival, signal=wf_signals.render_arrival)
-        connect(scheduler.request_departure, signal=wf_signals.request_departure)
+        polite = scheduler.polite
+        connect(polite.host_delay, signal=wf_signals.host_delay)
+        connect(polite.host_defer, signal=wf_signals.host_defer)
+        connect(polite.host_limited, signal=wf_signals.host_limited)
+        connect(polite.render_arrival, signal=wf_signals.render_arrival)
+        connect(polite.request_departure, signal=wf_signals.request_departure)
         return scheduler
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -177,8 +177,9 @@ class Scheduler(BaseScheduler):
                                  leases_held=lambda: len(self._inflight),
                                  on_idle_answer=self._wake,
                                  on_lost_writes=self._frontier_lost_writes,
-                                 host_memory=self.delays.memory)
+                                 host_memory=self.polite.delays.memory)
         self.ends.open(self.link, self.frontier)
+        self.polite.open(self.link, self.frontier)
         self._loop = LoopingCall(self.link.tick)
         self._loop.start(self.flush_interval, now=False)
         counts = self.frontier.counts()
@@ -285,8 +286,7 @@ class Scheduler(BaseScheduler):
             # Let through by Scrapy's offsite filter (a start URL on another host): this
             # worker's own work, not another crawl's.
             self.frontier.also_keep(bare_host(entry.host))
-        if self.delays.slots.delays:
-            self._slot_delay(entry.host)
+        self.polite.slot_delay(entry.host)
         if not self._slot_said and "download_slot" in request.meta:
             self._slot_said = advice.slot_not_used(request, entry.host)
         if request.cookies and not self._cookies_said:
@@ -307,8 +307,7 @@ class Scheduler(BaseScheduler):
             if not self._popped and not self._pop():
                 return None
             popped = self._popped.popleft()
-            if self.delays.slots.delays:  # seeded by `scrapy seed`: never enqueued here
-                self._slot_delay(popped.host)
+            self.polite.slot_delay(popped.host)  # seeded by `scrapy seed`: never enqueued here
             try:
                 request = decode_request(popped.payload, self.spider)
             except SerializationError as exc:
@@ -357,67 +356,14 @@ class Scheduler(BaseScheduler):
             return 1
         return max(1, min(POP_MAX, total - len(getattr(downloader, "active", ()))))
 
-    # -- politeness -------------------------------------------------------------------------
-
-    def host_delay(self, host: str, delay: float, source: str = "", **kwargs: Any) -> None:
-        """Keep each source's delay per host; the frontier gets the largest."""
-        send = self.delays.update(host, delay, source)
-        if send is None:
-            return
-        # The latency rule changes one after most responses: they travel with the next
-        # exchange, the latest per host.
-        if self.link.aio is not None:
-            self.link.delays[host] = send
-        else:
-            self.link.op("set_delay", self.frontier._delay_args(host, send))
+    # -- talking to Redis (webfarm.frontierlink) ------------------------------------------
 
     def _frontier_lost_writes(self) -> None:
         """Redis went back in time: forget which links this worker sent (they may be gone,
         and would be dropped here when a page that found them is fetched again) and send
-        every host delay this worker knows again (robots.txt's Crawl-delay included)."""
+        every host delay this worker knows again."""
         self._recent.clear()
-        self.link.delays.update(self.delays.known())  # sent with the next exchange or tick
-
-    def _slot_delay(self, host: str) -> None:
-        delay = self.delays.slots.first_seen(host)
-        if delay is not None:
-            self.host_delay(host, delay, source="DOWNLOAD_SLOTS")
-
-    def host_limited(self, host: str, floor: float, maximum: float, **kwargs: Any) -> None:
-        """A 429: the host's delay doubles in the frontier, for every worker."""
-        self.link.op("limit", self.frontier._limit_args(host, floor, maximum))
-
-    def host_defer(self, host: str, seconds: float, source: str = "", **kwargs: Any) -> None:
-        self._inc("webfarm/frontier/deferred")
-        self.link.op("defer", self.frontier._defer_args(host, seconds))
-
-    # -- talking to Redis (webfarm.frontierlink) ------------------------------------------
-
-    async def render_arrival(self, request: Request, **kwargs: Any) -> None:
-        """A render is about to reach its host: wait there for the host's turn."""
-        lease_id = request.meta.get(LEASE)
-        if self.link is None or lease_id is None:  # not from the frontier
-            return
-        wait = await self.link.arrive(host_of(request.url), lease_id)
-        if wait > 0:
-            self._inc("webfarm/frontier/render_waits")
-            await asyncio.sleep(wait)
-
-    async def request_departure(self, request: Request, **kwargs: Any) -> None:
-        """An HTTP request leaves for its host after waiting in this worker: one that left
-        over a tenth of its host's delay after its hand-out takes the host's turn (and
-        waits for a render that reached the host meanwhile)."""
-        lease_id, handed = request.meta.get(LEASE), request.meta.get(HANDED_OUT)
-        if self.link is None or lease_id is None or handed is None:
-            return
-        host = host_of(request.url)
-        delay = max(self.frontier.default_delay, self.delays.of(host) or 0.0)
-        if delay <= 0 or time.monotonic() - handed < 0.1 * delay:
-            return
-        self._inc("webfarm/frontier/late_departures")
-        wait = await self.link.arrive(host, lease_id, record=False)
-        if wait > 0:
-            await asyncio.sleep(wait)
+        self.polite.send_all_again()
 
     def _exchanged(self, result: Exchange, pop: int, later: bool) -> None:
         if sum(result.enqueued) or result.popped:
