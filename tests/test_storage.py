@@ -153,6 +153,37 @@ def test_near_duplicates_are_recorded_not_merged(store):
     off.close()
 
 
+def test_an_original_fetched_again_is_not_near_its_mirror(store):
+    """The README probe: a second crawl found the original page near its mirror (stored
+    after it), and the two named each other; so would two new contents of one batch."""
+    rng = random.Random(5)
+    words = " ".join(f"{rng.choice(['oak', 'fern', 'tide', 'salt'])}{rng.randint(0, 50)}"
+                     for _ in range(1000))
+
+    def fetched(path: str, body: bytes) -> dict:
+        digest, sim = fingerprint(body, "text/html", with_simhash=True)
+        return page(path, digest, simhash=sim, body=body)
+
+    original, mirror = fetched("/p1", _html(words)), fetched("/mirror/p1", _html(
+        words, "<div>Free shipping this week only</div>"))
+    store.record_pages([original])
+    store.record_pages([mirror])
+    again = store.record_pages([{**original, "fetched_at": time.time() + 1},
+                                {**mirror, "fetched_at": time.time() + 1}])
+    assert [r.near_duplicate_of for r in again] == [None, url_fingerprint(original["url"])]
+
+    def near(d: dict):
+        return store.pages.find_one({"_id": url_fingerprint(d["url"])})["near_duplicate_of"]
+
+    assert near(original) is None and near(mirror) == url_fingerprint(original["url"])
+    # Both new in one batch: the later names the earlier, not both each other.
+    other = " ".join(reversed(words.split()))
+    first, second = fetched("/p2", _html(other)), fetched("/mirror/p2", _html(
+        other, "<div>Free shipping this week only</div>"))
+    store.record_pages([first, second])
+    assert near(first) is None and near(second) == url_fingerprint(first["url"])
+
+
 class Doubling:
     """A refetch policy: double the interval while nothing changes, reset on a change."""
 
