@@ -22,6 +22,7 @@ from scrapy.crawler import Crawler
 from scrapy.http import Response, TextResponse
 from scrapy.linkextractors import LinkExtractor
 
+from webfarm.attrnames import spider_slips
 from webfarm.config import mask_credentials, whole_number
 from webfarm.items import ItemSource, PageItem, attach_source
 from webfarm.links import MAX_LINKS_PER_PAGE, extract_links, has_anchors
@@ -172,6 +173,9 @@ class WebfarmSpider(scrapy.Spider):
         spider = super().from_crawler(crawler, *args, **kwargs)
         spider.max_links = whole_number(crawler.settings, "WEBFARM_MAX_LINKS_PER_PAGE",
                                         MAX_LINKS_PER_PAGE, "anchors", "no limit")
+        for name, meant in spider_slips(cls, WebfarmSpider):
+            logger.warning("%s.%s is no name webfarm reads; did you mean %s? (as it is, "
+                           "the spider runs without it)", cls.__name__, name, meant)
         return spider
 
     @classmethod

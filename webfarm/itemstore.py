@@ -35,6 +35,7 @@ from itemadapter import ItemAdapter
 from pymongo import InsertOne, UpdateOne
 from pymongo.database import Database
 
+from webfarm.attrnames import dict_key_slips, item_class_slips
 from webfarm.bulkwrite import WriteOp, write_unordered
 from webfarm.config import ConfigError
 from webfarm.exceptions import ItemError
@@ -99,6 +100,10 @@ def item_hash(fields: dict[str, Any]) -> str:
 def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None,
                extracted_at: dt.datetime) -> ItemEntry:
     """What to store for one item; raises ItemError for a missing key or unstorable value."""
+    if isinstance(item, dict):
+        dict_key_slips(item)
+    else:
+        item_class_slips(type(item))  # said once a class: key_field for key_fields...
     adapter = ItemAdapter(item)
     fields = dict(adapter.items())
     if not all(isinstance(v, _PLAIN) for v in fields.values()):
