@@ -53,7 +53,7 @@ from scrapy.http import Response
 from twisted.internet import error as txerror
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 
-from middlewares.robots import META as ROBOTS_META
+from middlewares.robotsfetch import META as ROBOTS_META
 from webfarm.exceptions import RetryLater
 from webfarm.hostmemory import host_memory_size
 from webfarm.proxies import UNPROVEN, ProxyPool

@@ -33,6 +33,9 @@ empty robots.txt (allow all), treats network errors as allow all, follows up to
 * ``Crawl-delay`` for our product token becomes the host's delay (``host_delay``
   signal, capped at ``WEBFARM_MAX_CRAWL_DELAY``; a capped value is logged).
 
+The file is fetched by :mod:`middlewares.robotsfetch`; the rule table and the shared
+record are :mod:`webfarm.robots` and :mod:`webfarm.robotscache`.
+
 Rules match the User-Agent's product token (``webfarm`` in ``webfarm/0.1 (+…)``),
 or ``WEBFARM_ROBOTS_AGENT``. ``ROBOTSTXT_OBEY`` switches it all off; the
 ``dont_obey_robotstxt`` meta key skips one request.
@@ -46,31 +49,24 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from secrets import token_hex
-from urllib.parse import urljoin, urlsplit
 
 from scrapy import Request, Spider, signals
 from scrapy.crawler import Crawler
 from scrapy.exceptions import (
-    CannotResolveHostError,
-    DownloadConnectionRefusedError,
     NotConfigured,
     StopDownload,
 )
-from scrapy.http import Response
-from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
-from twisted.internet import error as txerror
 from twisted.internet import reactor
 from twisted.internet.base import DelayedCall
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 
-from middlewares.retry import parse_retry_after
+from middlewares.robotsfetch import META, fetch
 from webfarm import browser
 from webfarm import signals as wf_signals
-from webfarm.exceptions import DeadLetter, GiveBack, RetryLater, Unreadable
-from webfarm.proxies import UNPROVEN
+from webfarm.exceptions import DeadLetter, GiveBack, RetryLater
 from webfarm.queue import LEASE, host_delay
 from webfarm.redisconn import close_client, crawl_redis_client
 from webfarm.robots import (
@@ -82,7 +78,6 @@ from webfarm.robots import (
     Record,
     RobotsDisallowed,
     RobotsRules,
-    classify,
     next_record,
     origin_of,
     robots_agent,
@@ -95,13 +90,8 @@ from webfarm.urls import host_of
 
 logger = logging.getLogger(__name__)
 
-META = "webfarm_robots"  # marks our own robots.txt requests
 MEMORY_ORIGINS = 4096  # parsed robots.txt kept in memory per worker (LRU)
 PARSE_IN_THREAD = 64 * 1024  # bodies larger than this are parsed off the reactor
-#: the host does not answer at all: nothing listens, or its name does not resolve
-ABSENT_ERRORS: tuple[type[BaseException], ...] = (
-    DownloadConnectionRefusedError, CannotResolveHostError, txerror.ConnectionRefusedError,
-    txerror.DNSLookupError, txerror.NoRouteError)
 
 
 @dataclass
@@ -403,53 +393,8 @@ class RobotsMiddleware:
     # -- fetching --------------------------------------------------------------------------
 
     async def _fetch(self, origin: str) -> Fetched:
-        url = f"{origin}/robots.txt"
         self._inc("webfarm/robots/fetched")
-        for hop in range(MAX_REDIRECTS + 1):
-            request = Request(
-                url, priority=self.DOWNLOAD_PRIORITY, callback=NO_CALLBACK, dont_filter=True,
-                meta={META: True, "dont_obey_robotstxt": True, "dont_redirect": True,
-                      "dont_retry": True, "handle_httpstatus_all": True, "allow_offsite": True,
-                      "download_maxsize": 8 * MAX_BYTES,
-                      "render": "http"},  # plain HTTP: never the browser rung
-            )
-            try:
-                response: Response = await self.crawler.engine.download_async(request)
-            except RetryLater as exc:  # e.g. the host is deferred by a Retry-After
-                return Fetched("unreachable", error=exc.reason, retry_after=exc.delay)
-            except Unreadable as exc:  # too large, undecodable: the file cannot be read
-                return Fetched("unreachable", error=f"{url}: {exc.reason}")
-            except DeadLetter as exc:
-                if hop == 0:  # the origin itself is refused (SSRF guard, ...): so are its pages
-                    return Fetched("refused", error=exc.reason, dead=exc)
-                return Fetched("unreachable", error=f"redirect to {url} refused: {exc.reason}")
-            except Exception as exc:
-                logger.info("robots.txt %s unreachable: %s: %s", url, type(exc).__name__, exc)
-                return Fetched("unreachable", error=f"{type(exc).__name__}: {exc}",
-                               absent=isinstance(exc, ABSENT_ERRORS))
-            self._inc(f"webfarm/robots/status/{response.status}")
-            kind = classify(response.status)
-            if kind == "redirect":
-                location = response.headers.get(b"Location")
-                target = urljoin(response.url, location.decode("latin-1")) if location else ""
-                if urlsplit(target).scheme not in ("http", "https"):
-                    return Fetched("unreachable", response.status,
-                                   error=f"redirect to {target!r} cannot be followed")
-                url = target
-                continue
-            if kind == "parse":
-                if len(response.body) > MAX_BYTES or "download_stopped" in response.flags:
-                    self._inc("webfarm/robots/truncated")
-                return Fetched("parse", response.status, response.body[:MAX_BYTES])
-            if kind == "allow":
-                # Refused through every proxy tried, none known to reach the host: maybe
-                # a proxy's answer, so not the site's for a day (webfarm.proxies).
-                unproven = UNPROVEN in response.flags
-                return Fetched("allow", response.status, brief=unproven,
-                               error="refused through the proxies" if unproven else "")
-            return Fetched("unreachable", response.status, error=f"HTTP {response.status}",
-                           retry_after=parse_retry_after(response.headers.get(b"Retry-After")))
-        return Fetched("allow", error=f"more than {MAX_REDIRECTS} redirects (RFC 9309 2.3.1.2)")
+        return await fetch(self.crawler.engine, origin, self.DOWNLOAD_PRIORITY, self._inc)
 
     def _inc(self, key: str) -> None:
         if self.stats is not None:
