@@ -237,7 +237,8 @@ class IndexStore:
             while len(self._known) > KNOWN_CONTENTS:
                 self._known.popitem(last=False)
         # 2. near-duplicates of the contents this batch holds first.
-        near = self._near_duplicates(pages, batch, ids, contents, before)
+        near = neardup.near_pages(self.contents, self.neardup_distance, pages,
+                                  [(i, ids[i], before.get(ids[i])) for i in batch], contents)
         # 3. pages, each conditional on the version it was read at.
         ops: list[WriteOp] = []
         order: list[int] = []
@@ -315,43 +316,6 @@ class IndexStore:
             fields["simhash"] = neardup.to_stored(page["simhash"])
             fields["simhash_bands"] = neardup.bands(page["simhash"])
         return fields
-
-    def _near_duplicates(self, pages: list[dict[str, Any]], batch: list[int],
-                         ids: dict[int, str], contents: dict[str, dict[str, Any]],
-                         before: dict[str, dict[str, Any]]) -> dict[int, tuple[str, int]]:
-        """For pages that hold their content first: the closest earlier content's page.
-
-        Only when the content is new to the page: a page fetched again with the content it
-        had keeps what it was found near then. Looked up again, the original of a mirror
-        stored since found the mirror, and the two named each other. Two new contents of
-        one batch: only the later may name the earlier."""
-        if self.neardup_distance < 0:
-            return {}
-        found: dict[int, tuple[str, int]] = {}
-        wanted: list[int] = []
-        for i in batch:
-            page, b = pages[i], before.get(ids[i])
-            if (page.get("simhash") is None or page.get("not_modified")
-                    or contents.get(page["content_hash"], {}).get("first_page_id") != ids[i]):
-                continue
-            if b is not None and b.get("content_hash") == page["content_hash"]:
-                if b.get("near_duplicate_of"):
-                    found[i] = (b["near_duplicate_of"], b.get("near_duplicate_distance"))
-                continue
-            wanted.append(i)
-        if not wanted:
-            return found
-        bands = sorted({b for i in wanted for b in neardup.bands(pages[i]["simhash"])})
-        candidates = list(self.contents.find(
-            {"simhash_bands": {"$in": bands}}, {"simhash": 1, "first_page_id": 1}))
-        later = {pages[i]["content_hash"] for i in wanted}
-        for i in wanted:
-            later.discard(own := pages[i]["content_hash"])
-            best = neardup.nearest(pages[i]["simhash"], candidates, self.neardup_distance,
-                                   exclude={own} | later)
-            if best is not None and best[0].get("first_page_id") != ids[i]:
-                found[i] = (best[0]["first_page_id"], best[1])
-        return found
 
     def _page_op(self, page: dict[str, Any], pid: str, b: dict[str, Any] | None,
                  content: dict[str, Any] | None, near: tuple[str, int] | None,

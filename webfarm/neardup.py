@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
+    from pymongo.collection import Collection
 
 BANDS = 4
 BAND_BITS = 64 // BANDS
@@ -140,3 +141,43 @@ def nearest(
         if d <= max_distance and (best is None or d < best[1]):
             best = (doc, d)
     return best
+
+
+def near_pages(stored: Collection, distance: int, pages: list[dict[str, Any]],
+               batch: list[tuple[int, str, dict[str, Any] | None]],
+               contents: dict[str, dict[str, Any]]) -> dict[int, tuple[str, int]]:
+    """For the pages of ``batch`` (index, page id, its stored document) that hold their
+    content first (``contents``: hash -> document with ``first_page_id``): the closest
+    earlier content in ``stored`` (the ``contents`` collection), as its first page's id
+    and the distance; ``distance`` < 0: none looked up.
+
+    Only when the content is new to the page: a page fetched again with the content it
+    had keeps what it was found near then. Looked up again, the original of a mirror
+    stored since found the mirror, and the two named each other. Two new contents of
+    one batch: only the later may name the earlier."""
+    if distance < 0:
+        return {}
+    found: dict[int, tuple[str, int]] = {}
+    wanted: list[tuple[int, str]] = []
+    for i, pid, b in batch:
+        page = pages[i]
+        if (page.get("simhash") is None or page.get("not_modified")
+                or contents.get(page["content_hash"], {}).get("first_page_id") != pid):
+            continue
+        if b is not None and b.get("content_hash") == page["content_hash"]:
+            if b.get("near_duplicate_of"):
+                found[i] = (b["near_duplicate_of"], b.get("near_duplicate_distance"))
+            continue
+        wanted.append((i, pid))
+    if not wanted:
+        return found
+    keys = sorted({b for i, _ in wanted for b in bands(pages[i]["simhash"])})
+    candidates = list(stored.find({"simhash_bands": {"$in": keys}},
+                                  {"simhash": 1, "first_page_id": 1}))
+    later = {pages[i]["content_hash"] for i, _ in wanted}
+    for i, pid in wanted:
+        later.discard(own := pages[i]["content_hash"])
+        best = nearest(pages[i]["simhash"], candidates, distance, exclude={own} | later)
+        if best is not None and best[0].get("first_page_id") != pid:
+            found[i] = (best[0]["first_page_id"], best[1])
+    return found
