@@ -65,7 +65,7 @@ from webfarm.render import (
     rendering_helped,
     visible_text_length,
 )
-from webfarm.rendermemory import HostMemory
+from webfarm.rendermemory import ROOT_MISLEADS, HostMemory
 from webfarm.urls import host_of
 
 if TYPE_CHECKING:
@@ -298,6 +298,8 @@ class RenderMiddleware:
         if why in ("auto", "probe") and judgeable(response):
             assert self.memory is not None
             host = host_of(request.url)
+            if host not in self._root_misleads and self.memory.marked(host, ROOT_MISLEADS):
+                self._root_misleads.add(host)  # another worker learned it
             reason = needs_js(response, self.check, self.min_text,
                               root_misleads=host in self._root_misleads)
             mode = await self.memory.observe(host, reason is not None)
@@ -317,7 +319,7 @@ class RenderMiddleware:
         """An empty app root beside server-rendered text (a widget's mount point) sent
         every page of a site to the browser, for nothing, and the host went browser-first
         for good. For this host such a page is no longer escalated (one with little text
-        still is), and the observation brings it back to HTTP first."""
+        still is), by any worker, and the observation brings it back to HTTP first."""
         host = host_of(request.url)
         if host not in self._root_misleads:
             self._root_misleads.add(host)
@@ -325,6 +327,7 @@ class RenderMiddleware:
                         "root, so an empty app root is no sign of JavaScript there when the "
                         "page has text (said once per host)", host)
         if self.memory is not None:
+            await self.memory.mark(host, ROOT_MISLEADS)
             await self.memory.observe(host, False)
 
     def _check_offsite(self, request: Request, final_url: str) -> None:

@@ -123,6 +123,15 @@ def test_an_empty_widget_root_beside_plenty_of_text_stops_sending_pages_to_the_b
     assert memory == b"http"
     assert result.output.count("an empty app root is no sign of JavaScript there") == 1
 
+    # Another worker, on pages of that host it has not met: it knows from Redis, and
+    # renders none (each worker paid a render of its own to learn it, and the host swung
+    # back to browser-first while the others had not).
+    web.route("/v/", page, host=base)
+    crawl(env, "-s", "CONCURRENT_REQUESTS=1", "-a", f"start={base}/v/home,{base}/v/1")
+    methods = [doc["fetch_method"] for doc in pages(stores).values()
+               if "/v/" in doc["url"]]
+    assert methods == ["http", "http"], methods
+
 
 def test_probe_notices_a_host_that_stopped_needing_javascript(web, stores, redis_url):
     host = web.base_urls[0].split("//")[1]

@@ -41,6 +41,10 @@ return mode
 """
 
 Observation = tuple[str, str, int]  # host, "js" or "ok", how many
+#: What a worker learned of a host with a render, for the others (see HostMemory.mark):
+#: ``root_misleads``, an empty app root there is a widget's mount point, no sign.
+ROOT_MISLEADS = "root_misleads"
+MARKS = (ROOT_MISLEADS,)
 
 
 class HostMemory:
@@ -76,6 +80,7 @@ class HostMemory:
         self.batch_size = max(1, batch_size)
         self.batch_seconds = batch_seconds
         self._cache: RecentHosts[tuple[float, str]] = RecentHosts(_CACHE_SIZE)
+        self._marks: RecentHosts[frozenset[str]] = RecentHosts(_CACHE_SIZE)  # as last read
         self._pending: dict[str, int] = {}  # host -> "ok" observations not sent yet
         self._pending_count = 0
         self._pending_since = 0.0
@@ -103,7 +108,8 @@ class HostMemory:
             return self._cache.get(host, (0.0, "http"))[1]
         self._reading[host] = []
         try:
-            raw = await answer(self.server.hget(self.key(host), "mode"))
+            raw, *marks = await answer(self.server.hmget(self.key(host), "mode", *MARKS))
+            self._marks[host] = frozenset(m for m, v in zip(MARKS, marks, strict=True) if v)
         except REDIS_ERRORS as exc:
             self._redis_down(exc)
             return cached[1] if cached else "http"
@@ -112,6 +118,23 @@ class HostMemory:
                 if not waiter.done():
                     waiter.set_result(None)
         return self._remember_mode(host, raw or b"http")
+
+    def marked(self, host: str, mark: str) -> bool:
+        """Whether a worker marked ``host`` with ``mark`` (one of :data:`MARKS`), as of
+        this worker's last read of its mode."""
+        return mark in self._marks.get(host, frozenset())
+
+    async def mark(self, host: str, mark: str) -> None:
+        """Mark ``host`` for every worker (what one learned with a render of its own),
+        for as long as the host's memory lasts."""
+        self._marks[host] = self._marks.get(host, frozenset()) | {mark}
+        try:
+            pipe = self.server.pipeline(transaction=True)
+            pipe.hset(self.key(host), mark, "1")
+            pipe.pexpire(self.key(host), self.ttl_ms)
+            await answer(pipe.execute())
+        except REDIS_ERRORS as exc:
+            self._redis_down(exc)
 
     async def observe(self, host: str, needed_js: bool) -> str:
         """Record one plain-HTTP observation of ``host``; returns its mode afterwards."""
