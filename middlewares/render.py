@@ -46,6 +46,7 @@ from scrapy.utils.misc import load_object
 
 from middlewares.offsite import LeftTheHosts
 from webfarm import browser
+from webfarm import signals as wf_signals
 from webfarm.exceptions import DeadLetter, RetryLater
 from webfarm.fetchapi import FLAG as API_FLAG
 from webfarm.fetchapi import META_CALL, FetchAPI, FetchAPIError
@@ -65,7 +66,7 @@ from webfarm.render import (
     rendering_helped,
     visible_text_length,
 )
-from webfarm.rendermemory import ROOT_MISLEADS, HostMemory
+from webfarm.rendermemory import CHECK_MISSING, ROOT_MISLEADS, HostMemory
 from webfarm.urls import host_of
 
 if TYPE_CHECKING:
@@ -134,6 +135,7 @@ class RenderMiddleware:
         mw = cls(crawler)
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(mw.check_missing, signal=wf_signals.render_check_missing)
         return mw
 
     @staticmethod
@@ -238,12 +240,27 @@ class RenderMiddleware:
         rung = meta[META_RUNG]
         if rung == "browser":
             meta["playwright"] = True
-            if isinstance(self.check, str):  # a page complete once it matches: wait for it
-                meta[browser.WAIT_FOR] = self.check
+            if isinstance(self.check, str) and not await self._check_missing(request):
+                meta[browser.WAIT_FOR] = self.check  # a page complete once it matches
         elif rung == "api":
             meta.pop("playwright", None)
             return await self._via_api(request)
         return None
+
+    async def _check_missing(self, request: Request) -> bool:
+        """Whether a worker found the render_check selector missing on the host's renders
+        (see :meth:`check_missing`): renders there no longer wait for it."""
+        if self.memory is None:
+            return False
+        host = host_of(request.url)
+        await self.memory.mode(host)  # its marks come with it (a cached read)
+        return self.memory.marked(host, CHECK_MISSING)
+
+    async def check_missing(self, host: str, **kwargs: Any) -> None:
+        """The selector came in none of the host's first renders here: each worker waited
+        for it again, ``WEBFARM_RENDER_CHECK_WAIT`` a render, and said so."""
+        if self.memory is not None:
+            await self.memory.mark(host, CHECK_MISSING)
 
     # -- judging what came back --------------------------------------------------------------
 

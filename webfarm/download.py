@@ -66,6 +66,7 @@ from webfarm import signals as wf_signals
 from webfarm.config import whole_number
 from webfarm.exceptions import DeadLetter, RetryLater
 from webfarm.hostmemory import RecentHosts, host_memory_size
+from webfarm.urls import host_of
 
 if TYPE_CHECKING:
     from playwright.async_api import Page, Route
@@ -253,7 +254,7 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         result = await self._navigate(request, page, spider)
         selector = request.meta.get(browser.WAIT_FOR)
         if selector and self.check_wait > 0:
-            await self._wait_for(page, selector, urlparse_cached(request).netloc)
+            await self._wait_for(page, selector, host_of(request.url))
         return result
 
     async def _wait_for(self, page: Page, selector: str, host: str) -> None:
@@ -276,8 +277,10 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
             if not found and missed == CHECK_MISSES:
                 logger.warning("Render: render_check %r did not appear in %d renders of %s "
                                "within WEBFARM_RENDER_CHECK_WAIT (%gs): renders there no "
-                               "longer wait for it (is the selector right?)", selector,
-                               missed, host, self.check_wait)
+                               "longer wait for it, in any worker (is the selector right?)",
+                               selector, missed, host, self.check_wait)
+                await self.crawler.signals.send_catch_log_async(
+                    wf_signals.render_check_missing, host=host, selector=selector)
         except Exception as exc:  # noqa: BLE001 - a closed page is found by what follows
             logger.debug("Waiting for %r on %s failed: %s", selector, page.url, exc)
         self._check_seen[host] = (found, missed)

@@ -42,9 +42,10 @@ return mode
 
 Observation = tuple[str, str, int]  # host, "js" or "ok", how many
 #: What a worker learned of a host with a render, for the others (see HostMemory.mark):
-#: ``root_misleads``, an empty app root there is a widget's mount point, no sign.
-ROOT_MISLEADS = "root_misleads"
-MARKS = (ROOT_MISLEADS,)
+#: ``root_misleads``, an empty app root there is a widget's mount point, no sign;
+#: ``check_missing``, the spider's render_check selector never came in its renders.
+ROOT_MISLEADS, CHECK_MISSING = "root_misleads", "check_missing"
+MARKS = (ROOT_MISLEADS, CHECK_MISSING)
 
 
 class HostMemory:

@@ -31,3 +31,8 @@ render_arrival = object()
 # hand-out (middlewares.departure: it waited for robots.txt, or for a busy CPU). Sent and
 # awaited: the frontier scheduler takes the host's turn for it, as for a render.
 request_departure = object()
+
+# host: str, selector: str. The spider's render_check selector came in none of a host's
+# first renders (webfarm.download): the render middleware has no render of that host wait
+# for it, in any worker (the host's render memory in Redis).
+render_check_missing = object()
