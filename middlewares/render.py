@@ -42,7 +42,6 @@ from urllib.parse import urlsplit
 from scrapy import Request, signals
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Response
-from scrapy.utils.misc import load_object
 
 from middlewares.offsite import LeftTheHosts
 from webfarm import browser
@@ -54,9 +53,12 @@ from webfarm.hostmemory import RecentHosts, host_memory_size
 from webfarm.redisconn import close_client, crawl_redis_client
 from webfarm.render import (
     EMPTY_ROOT,
+    PLAYWRIGHT_HANDLER,
     RenderCheck,
     RenderConfigError,
+    check_contexts,
     check_render_check,
+    has_browser_handler,
     host_key,
     judgeable,
     mode_for_host,
@@ -84,7 +86,6 @@ META_RUNG = "webfarm_render_rung"  # the rung chosen for this request: http|brow
 META_WHY = "webfarm_render_why"  # mode|auto|memory|probe|escalated|spider|browser_failed|not_html
 META_REASON = "webfarm_render_reason"  # why an HTTP page was escalated
 META_HTTP_TEXT = "webfarm_render_http_text"  # visible characters the HTTP fetch had
-PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
 # Per-fetch meta that must not follow a request to its next rung.
 _FETCH_META = ("proxy", "_auth_proxy", "download_slot", "download_latency", "playwright_context",
                "playwright_context_kwargs", "webfarm_proxy", "webfarm_proxy_sent_at")
@@ -115,8 +116,8 @@ class RenderMiddleware:
             raise RenderConfigError("a render mode is 'api' but WEBFARM_FETCH_API_URL is "
                                     "unset; set it (and WEBFARM_FETCH_API_KEY) or drop "
                                     "the 'api' mode")
-        self.browser_ok = self._has_browser_handler(settings)
-        self._check_contexts(settings)
+        self.browser_ok = has_browser_handler(settings)
+        check_contexts(settings)
         self.memory: HostMemory | None = None
         self.spider_mode: str | None = None
         self.check: RenderCheck = None
@@ -137,34 +138,6 @@ class RenderMiddleware:
         crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(mw.check_missing, signal=wf_signals.render_check_missing)
         return mw
-
-    @staticmethod
-    def _check_contexts(settings: Any) -> None:
-        """scrapy-playwright never closes a context, and the proxy middleware opens one per
-        proxy: with fewer allowed than proxies, browser requests would wait for ever."""
-        limit = settings.getint("PLAYWRIGHT_MAX_CONTEXTS") or 0
-        if not limit:
-            return
-        try:
-            from webfarm.proxyconfig import proxies_from_settings
-
-            proxies = len(proxies_from_settings(settings))
-        except Exception:  # noqa: BLE001 - the proxy middleware reports its own errors
-            return
-        if proxies + 1 > limit:
-            logger.warning("PLAYWRIGHT_MAX_CONTEXTS=%d is less than one browser context per "
-                           "proxy (%d) plus one: raise it, or browser pages will stall",
-                           limit, proxies)
-
-    @staticmethod
-    def _has_browser_handler(settings: Any) -> bool:
-        handlers = settings.getwithbase("DOWNLOAD_HANDLERS")
-        path = handlers.get("http")
-        try:
-            cls = load_object(path) if isinstance(path, str) else path
-            return bool(cls) and issubclass(cls, load_object(PLAYWRIGHT_HANDLER))
-        except (ImportError, TypeError, ValueError):
-            return False
 
     def _read_spider(self, spider: Spider) -> None:
         raw = getattr(spider, "render", None)

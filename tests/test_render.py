@@ -205,14 +205,15 @@ def test_plain_pages_are_counted_in_batches_and_a_js_page_at_once(redis_url, cli
 
 
 def test_requests_asking_a_hosts_mode_together_share_one_read(redis_url):
-    """Sixteen requests to a host this worker has no fresh mode for ask together: one HGET
-    goes to Redis, and all get its answer (another worker's "browser")."""
+    """Sixteen requests to a host this worker has no fresh mode for ask together: one HMGET
+    (its mode and marks) goes to Redis, and all get its answer (another worker's
+    "browser")."""
     client = redis.Redis.from_url(redis_url)
     host = f"read-{uuid.uuid4().hex[:8]}.test"
     client.hset(f"webfarm:{{generic}}:render:{host}", "mode", "browser")
 
     def hgets() -> int:
-        return int(client.info("commandstats").get("cmdstat_hget", {}).get("calls", 0))
+        return int(client.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0))
 
     async def scenario() -> list[str]:
         memory = HostMemory(redis.asyncio.Redis.from_url(redis_url), "generic", 3600)

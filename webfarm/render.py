@@ -124,6 +124,39 @@ def check_render_check(check: Any, source: str) -> RenderCheck:
                             f"got {check!r}")
 
 
+PLAYWRIGHT_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+
+
+def has_browser_handler(settings: Any) -> bool:
+    """Whether ``DOWNLOAD_HANDLERS`` send http(s) through scrapy-playwright (or a subclass)."""
+    from scrapy.utils.misc import load_object
+
+    path = settings.getwithbase("DOWNLOAD_HANDLERS").get("http")
+    try:
+        cls = load_object(path) if isinstance(path, str) else path
+        return bool(cls) and issubclass(cls, load_object(PLAYWRIGHT_HANDLER))
+    except (ImportError, TypeError, ValueError):
+        return False
+
+
+def check_contexts(settings: Any) -> None:
+    """scrapy-playwright never closes a context, and the proxy middleware opens one per
+    proxy: with fewer allowed than proxies, browser requests would wait for ever."""
+    limit = settings.getint("PLAYWRIGHT_MAX_CONTEXTS") or 0
+    if not limit:
+        return
+    try:
+        from webfarm.proxyconfig import proxies_from_settings
+
+        proxies = len(proxies_from_settings(settings))
+    except Exception:  # noqa: BLE001 - the proxy middleware reports its own errors
+        return
+    if proxies + 1 > limit:
+        logger.warning("PLAYWRIGHT_MAX_CONTEXTS=%d is less than one browser context per "
+                       "proxy (%d) plus one: raise it, or browser pages will stall",
+                       limit, proxies)
+
+
 def check_render_arguments(spargs: Mapping[str, Any]) -> None:
     """Validate ``-a render=`` and ``-a render_check=`` before a crawl starts."""
     if spargs.get("render"):
