@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
-import math
 import random
 import re
 from collections.abc import Sequence
@@ -26,6 +25,8 @@ from typing import Any, NamedTuple
 import redis
 
 from webfarm.frontier.bloom import hash_pair
+from webfarm.frontier.ends import FrontierEnds
+from webfarm.frontier.hosts import BAD_HOST, FrontierHosts, check_host
 from webfarm.frontier.reading import FrontierReads, as_text
 from webfarm.urls import bare_host, host_of
 
@@ -37,7 +38,6 @@ _SCRIPT_DIR = resources.files("webfarm.frontier").joinpath("scripts")
 SCRIPT = "\n".join(
     _SCRIPT_DIR.joinpath(name).read_text() for name in ("common.lua", "bloom.lua", "ops.lua")
 )
-_BAD_HOST = re.compile(r"\s")
 MAX_PUSH = 1000  # entries per script call: keeps each call short for the other workers
 #: Payload bytes per script call: a call holds the server while it copies them in, and
 #: MAX_PUSH entries near WEBFARM_MAX_ENTRY_BYTES each would hold every worker for seconds.
@@ -111,12 +111,7 @@ def backoff(attempt: int, base: float = 1.0, cap: float = 600.0) -> float:
     return random.uniform(0.0, min(cap, base * 2.0 ** min(max(attempt, 0), 64)))
 
 
-def _check_host(host: str) -> None:
-    if not isinstance(host, str) or not host or _BAD_HOST.search(host) or len(host) > 1024:
-        raise ValueError(f"invalid host {host!r}")
-
-
-class Frontier(FrontierReads):
+class Frontier(FrontierEnds, FrontierHosts, FrontierReads):
     """One spider's frontier. Cheap to create; thread-safe as far as the client is.
 
     ``server`` must return bytes (``decode_responses=False``, redis-py's default).
@@ -250,7 +245,7 @@ class Frontier(FrontierReads):
                ) -> list[tuple[list[Any], int]]:
         """The script calls of one exchange: pushes past :data:`MAX_PUSH` entries or
         :data:`MAX_PUSH_BYTES` of payload go first, alone."""
-        if pop and (not worker or _BAD_HOST.search(worker)):
+        if pop and (not worker or BAD_HOST.search(worker)):
             raise ValueError(f"a worker name without spaces is needed to pop, not {worker!r}")
         steps = []
         batch: list[Entry] = []
@@ -291,7 +286,7 @@ class Frontier(FrontierReads):
         ]
         for entry in push:
             host, priority, fingerprint, payload, dont_filter = Entry(*entry)
-            _check_host(host)
+            check_host(host)
             if not isinstance(priority, int) or abs(priority) > 2**52:
                 raise ValueError(f"priority must be an int within +-2**52, not {priority!r}")
             if bloom:
@@ -342,119 +337,6 @@ class Frontier(FrontierReads):
         """Seconds until a host may be ready, a retry is due or a lease expires; None = idle."""
         ms = int(self._call("next_ready"))
         return None if ms < 0 else ms / 1000
-
-    # -- giving back, retrying, dead letters -------------------------------------------------
-
-    def release(self, lease_ids: Sequence[str]) -> int:
-        """Give leases back at once (SIGTERM), same priority and place, attempts unchanged."""
-        if not lease_ids:
-            return 0
-        return int(self._call("release", *lease_ids))
-
-    def release_worker(self, worker: str) -> int:
-        """Give back every lease ``worker`` holds."""
-        return int(self._call("release_worker", worker))
-
-    def retry(self, lease_id: str, delay: float, reason: str, payload: str | None = None,
-              spend: bool = True) -> bool:
-        """Put a leased entry in the delayed set, due in ``delay`` s (see :func:`backoff`).
-
-        Its attempts count goes up by one (``spend``: not for a request never sent);
-        ``payload`` replaces the stored one if given.
-        False when the lease is no longer held (expired and handed out again): then the
-        entry is already back in the frontier and nothing is done.
-        """
-        return bool(self._call("retry", *self._retry_args(lease_id, delay, reason, payload,
-                                                          spend)))
-
-    @staticmethod
-    def _retry_args(lease_id: str, delay: float, reason: str, payload: str | None = None,
-                    spend: bool = True) -> list[Any]:
-        has = payload is not None
-        return [lease_id, max(0, round(delay * 1000)), reason, b"1" if has else b"0",
-                payload or "", b"1" if spend else b"0"]
-
-    def dead(
-        self,
-        lease_id: str | None,
-        reason: str,
-        *,
-        payload: str | None = None,
-        status: int | None = None,
-        error: str | None = None,
-    ) -> bool:
-        """Move a leased entry to the dead-letter queue with why it failed.
-
-        The dead letter keeps host, priority, attempts (tries made), first and last times,
-        worker and payload. ``lease_id=None`` records a ``payload`` that was never leased.
-        False when the lease is no longer held (nothing recorded).
-        """
-        return bool(self._call("dead", *self._dead_args(lease_id, reason, payload=payload,
-                                                        status=status, error=error)))
-
-    @staticmethod
-    def _dead_args(lease_id: str | None, reason: str, *, payload: str | None = None,
-                   status: int | None = None, error: str | None = None) -> list[Any]:
-        return [lease_id or "", reason, b"1" if payload is not None else b"0", payload or "",
-                "" if status is None else int(status), error or ""]
-
-    def requeue_dead(self) -> int:
-        """Put dead letters back in their queues with attempts reset; returns how many.
-
-        Letters without host, priority or payload (malformed entries) stay dead.
-        """
-        total = int(self.server.llen(self.key("dead")))
-        moved = 0
-        while total > 0:
-            done, examined = self._call("requeue_dead", min(total, 1000))
-            moved += int(done)
-            total -= int(examined)
-            if not int(examined):
-                break
-        return moved
-
-    def purge_dead(self) -> int:
-        """Delete every dead letter; returns how many there were."""
-        return int(self._call("purge_dead"))
-
-    # -- politeness ---------------------------------------------------------------------------
-
-    def set_delay(self, host: str, seconds: float) -> None:
-        """Per-host delay between two fetches, shared by every worker."""
-        self._call("set_delay", *self._delay_args(host, seconds))
-
-    def _delay_args(self, host: str, seconds: float) -> list[Any]:
-        _check_host(host)
-        if not seconds >= 0 or math.isinf(seconds):
-            raise ValueError(f"delay must be a finite number >= 0, not {seconds!r}")
-        return [host, repr(float(seconds)), round(self.default_delay * 1000)]
-
-    def get_delay(self, host: str) -> float:
-        """The host's delay as the frontier spaces it: its own, never below the fleet's
-        default (:meth:`effective_default_delay`), nor below what its 429s asked for."""
-        return int(self._call("delay_of", host, round(self.default_delay * 1000))) / 1000
-
-    def limit_host(self, host: str, floor: float, maximum: float) -> float:
-        """A 429: the host's delay doubles for every worker (see :meth:`_limit_args`);
-        returns it, in seconds."""
-        return int(self._call("limit", *self._limit_args(host, floor, maximum))) / 1000
-
-    def _limit_args(self, host: str, floor: float, maximum: float) -> list[Any]:
-        """At least ``floor`` s, at most ``maximum`` s; it comes down by itself, 0.05 s a
-        second (half of it in ten of its turns), and a 429 to a request sent before the
-        last doubling is ignored."""
-        _check_host(host)
-        return [host, round(floor * 1000), round(max(maximum, floor) * 1000),
-                round(self.default_delay * 1000)]
-
-    def defer_host(self, host: str, until_seconds_from_now: float) -> None:
-        """Retry-After: the host's next-allowed time becomes max(current, now + x)."""
-        self._call("defer", *self._defer_args(host, until_seconds_from_now))
-
-    @staticmethod
-    def _defer_args(host: str, until_seconds_from_now: float) -> list[Any]:
-        _check_host(host)
-        return [host, max(0, round(until_seconds_from_now * 1000))]
 
     # -- wiping ---------------------------------------------------------------------------
 
