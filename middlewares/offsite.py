@@ -36,7 +36,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from webfarm.exceptions import DeadLetter, RetryLater
 from webfarm.hostmemory import DEFAULT_SIZE, RecentHosts, host_memory_size
 from webfarm.queue import LEASE
-from webfarm.urls import within_domains
+from webfarm.urls import spider_scope, within_domains
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,15 @@ class FrontierOffsiteMiddleware(OffsiteMiddleware):
         self.domains_seen = RecentHosts[None](hosts)  # type: ignore[assignment]
         self._said: RecentHosts[None] = RecentHosts(hosts)  # hosts whose give-back was logged
 
+    def _off_port(self, request: Request) -> bool:
+        """On a host of the spider's by name but not by port (a WebfarmSpider's ``hosts``
+        keep one): another crawl's page, taken as this one's. Fetched, its links were
+        dropped (the spider follows its own ports only), and those pages never crawled."""
+        if request.meta.get("allow_offsite") or request.dont_filter:
+            return False
+        within = spider_scope(self.crawler.spider)[1]
+        return within is not None and not within(request.url)
+
     def request_scheduled(self, request: Request, spider: Spider) -> None:
         # Yielded by this worker's spider (a redirect too): dropped before it is queued.
         super().process_request(request)
@@ -67,14 +76,17 @@ class FrontierOffsiteMiddleware(OffsiteMiddleware):
     def process_request(self, request: Request, spider: Spider | None = None) -> None:
         if LEASE not in request.meta:
             return super().process_request(request)
-        try:  # Scrapy's check, its DEBUG line and its offsite/* stats
-            return super().process_request(request)
-        except IgnoreRequest:
-            pass
         own = self.crawler.spider
         assert own is not None
-        host = urlparse_cached(request).hostname or ""
-        hosts = ", ".join(getattr(own, "allowed_domains", None) or ()) or "none"
+        try:  # Scrapy's check, its DEBUG line and its offsite/* stats
+            super().process_request(request)
+            if not self._off_port(request):
+                return None
+            named, host = spider_scope(own)[0], urlparse_cached(request).netloc
+        except IgnoreRequest:
+            named = getattr(own, "allowed_domains", None) or ()
+            host = urlparse_cached(request).hostname or ""
+        hosts = ", ".join(named) or "none"
         if host not in self._said:  # Scrapy's domains_seen holds hosts it dropped unsaid
             self._said.add(host)
             logger.warning(

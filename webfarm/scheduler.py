@@ -81,7 +81,7 @@ from webfarm.queue import (
 )
 from webfarm.redisconn import REDIS_ERRORS, async_redis_client, redis_client
 from webfarm.serialize import SerializationError
-from webfarm.urls import bare_host, within_domains
+from webfarm.urls import spider_scope
 
 logger = logging.getLogger(__name__)
 
@@ -149,8 +149,10 @@ class Scheduler(BaseScheduler):
         self.spider = spider
         self.frontier = open_frontier(self.crawler.settings, spider.name, self.server)
         # Another crawl's hosts in this spider's frontier wait for their own workers first.
-        self.frontier.keep_to(getattr(spider, "allowed_domains", None) or (), self.offsite_wait)
-        self._within = within_domains(self.frontier.scope)
+        # Its hosts with their ports: two crawls of one host on two ports took each other's
+        # pages as their own, and dropped their links (the spider follows its ports only).
+        hosts, self._within = spider_scope(spider)
+        self.frontier.keep_to(hosts, self.offsite_wait)
         # DOWNLOAD_DELAY is part of the host delay the frontier keeps between any two
         # workers' requests (webfarm.queue.host_delay). Scrapy's own wait, per worker, would
         # hold a request handed out on time until just after another worker's reached the
@@ -285,7 +287,7 @@ class Scheduler(BaseScheduler):
                 and self._within is not None and not self._within(request.url)):
             # Let through by Scrapy's offsite filter (a start URL on another host): this
             # worker's own work, not another crawl's.
-            self.frontier.also_keep(bare_host(entry.host))
+            self.frontier.also_keep(entry.host)
         self.polite.slot_delay(entry.host)
         if not self._slot_said and "download_slot" in request.meta:
             self._slot_said = advice.slot_not_used(request, entry.host)

@@ -34,7 +34,7 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterable
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 from weakref import WeakKeyDictionary
 
@@ -313,6 +313,19 @@ def scope_host(value: str) -> str:
         raise ValueError(f"{value!r} is not a host; give host or host:port, such as "
                          "example.com or 127.0.0.1:8080")
     return f"{name}:{port}" if port is not None else name
+
+
+def spider_scope(spider: Any) -> tuple[list[str], Callable[[str], bool] | None]:
+    """The hosts a spider keeps to, and the test of a URL against them; ``[]``, None for
+    every host. A WebfarmSpider's ``hosts`` keep a port (``host:port``: that port only),
+    and its ``in_scope`` is the test its links pass; other spiders' ``allowed_domains``
+    are bare names, any port, as Scrapy's offsite filter judges them."""
+    hosts = getattr(spider, "hosts", None)
+    in_scope = getattr(spider, "in_scope", None)
+    if hosts and callable(in_scope) and all(isinstance(h, str) for h in hosts):
+        return list(hosts), in_scope
+    domains = list(getattr(spider, "allowed_domains", None) or ())
+    return domains, within_domains(domains)
 
 
 def within_domains(domains: Iterable[str]) -> Callable[[str], bool] | None:

@@ -63,6 +63,23 @@ def _spelled(name: str) -> str:
     return name
 
 
+_WITH_PORT = (re.compile(r"^\[(.*)\]:(\d+)$"), re.compile(r"^([^:]+):(\d+)$"))
+
+
+def _spelled_host(entry: str) -> str:
+    """A scope entry, a bare name or ``host:port`` (:func:`webfarm.urls.host_of`'s
+    spelling, ``[v6]:port`` too), as :func:`_spelled` spells names; the port kept."""
+    entry = entry.strip()
+    for pattern in _WITH_PORT:
+        found = pattern.match(entry)
+        if found:
+            name = _spelled(found.group(1))
+            if not name:
+                return ""
+            return f"[{name}]:{found.group(2)}" if ":" in name else f"{name}:{found.group(2)}"
+    return _spelled(entry)
+
+
 class Entry(NamedTuple):
     """One request to enqueue. ``host`` is the politeness key (``host[:port]``)."""
 
@@ -164,13 +181,14 @@ class Frontier(FrontierEnds, FrontierHosts, FrontierReads):
         self._script = server.register_script(SCRIPT)
 
     def keep_to(self, domains: Sequence[str], wait: float) -> None:
-        """Pop from ``domains`` (bare host names, or their subdomains: a spider's
-        ``allowed_domains``) first; a host outside them only once it has been due ``wait``
+        """Pop from ``domains`` (host names, or their subdomains: a spider's
+        ``allowed_domains``; a ``host:port`` is that port only, as a WebfarmSpider's
+        ``hosts``) first; a host outside them only once it has been due ``wait``
         seconds with no other worker taking it. Two ``scrapy crawl generic`` runs with
         other hosts share the spider's frontier: each took the other's pages and gave them
         back (offsite) until, after ``WEBFARM_RETRY_TIMES`` tries, some were dead letters.
         :meth:`is_idle` then asks about these hosts only. No ``domains``: every host."""
-        names = {_spelled(d) for d in domains if isinstance(d, str) and d}
+        names = {_spelled_host(d) for d in domains if isinstance(d, str) and d}
         self._domains = sorted(d for d in names if d)
         self._also: list[str] = []
         self._scope = " ".join(self._domains)
@@ -183,7 +201,7 @@ class Frontier(FrontierEnds, FrontierHosts, FrontierReads):
         which an idle check of the domains alone would leave behind. Past
         :data:`MAX_ALSO` such hosts, the worker takes every host, as one with no domains
         does, and is idle when the whole frontier is: no request it queued is left."""
-        name = _spelled(name)
+        name = _spelled_host(name)
         if not self._scope or not name or name in self._also:
             return
         if len(self._also) >= MAX_ALSO:

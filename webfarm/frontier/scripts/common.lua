@@ -213,25 +213,35 @@ local function drop_ready(host)
   ready_known[host] = nil
 end
 
--- A worker's scope from its space-separated bare host names: nil (every host) when none.
+-- A worker's scope from its space-separated host names, each bare (any port) or with a
+-- port (host:port, [v6]:port: that port only): nil (every host) when none.
 local function parse_scope(text)
   if text == '' then return nil end
   local scope = {names = {}, known = {}}
-  for name in string.gmatch(text, '%S+') do
-    scope.names[#scope.names + 1] = {name, '.' .. name}
+  for token in string.gmatch(text, '%S+') do
+    local name, port = string.match(token, '^%[(.*)%]:(%d+)$')
+    if not name then name, port = string.match(token, '^([^:]+):(%d+)$') end
+    name = name or token
+    scope.names[#scope.names + 1] = {name, '.' .. name, port}
   end
   return scope
 end
 
--- Is a queue's host (host[:port], [v6]:port) one of scope's bare names or a subdomain of
--- one, as Scrapy's offsite filter judges allowed_domains? Remembered for the call.
+-- Is a queue's host (host[:port], [v6]:port) one of scope's names or a subdomain of one,
+-- as Scrapy's offsite filter judges allowed_domains, on the scope's port if it names one
+-- (two crawls of one host on two ports took each other's pages)? Remembered for the call.
 local function in_scope(host, scope)
   local hit = scope.known[host]
   if hit ~= nil then return hit end
-  local name = string.match(host, '^%[(.*)%]') or string.match(host, '^(.-):%d+$') or host
+  local name, port = string.match(host, '^%[(.*)%]:?(%d*)$')
+  if not name then name, port = string.match(host, '^(.-):(%d+)$') end
+  name = name or host
+  if port == '' then port = nil end
   hit = false
   for _, d in ipairs(scope.names) do
-    if name == d[1] or (#name > #d[2] and string.sub(name, -#d[2]) == d[2]) then
+    -- a host without a port is on its scheme's default one: 80 or 443
+    if (name == d[1] or (#name > #d[2] and string.sub(name, -#d[2]) == d[2]))
+        and (d[3] == nil or d[3] == port or (port == nil and (d[3] == '80' or d[3] == '443'))) then
       hit = true
       break
     end
