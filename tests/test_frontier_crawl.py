@@ -186,6 +186,30 @@ def test_sigterm_gives_leases_back_at_once(shop, stores, tmp_path):
     assert set(stored(stores)) == shop.expected_pages(base)
 
 
+def test_a_forced_stop_gives_leases_back_and_exits_1(shop, stores, tmp_path):
+    """A second TERM (or Ctrl-C) stops at once: the scheduler never closed, so the leases
+    waited WEBFARM_LEASE_SECONDS to come back, and the exit code was 0."""
+    base = shop.base_urls[0]
+
+    def slow(info):
+        time.sleep(3.0)
+        return None
+
+    shop.route("/product/", slow, prefix=True)
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0", WEBFARM_LEASE_SECONDS="600")
+    worker = runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, tmp_path / "a.log")
+    frontier = frontier_of(stores["REDIS_URL"])
+    wait_until(lambda: any(h.path.startswith("/product/") for h in shop.hits_for(host=base)),
+               60, "a slow page asked")
+    worker.send_signal(signal.SIGTERM)  # it waits for the pages on their way (3 s)
+    time.sleep(0.5)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(30) == 1
+    log = (tmp_path / "a.log").read_text()
+    assert "forced to stop before it finished" in log and "leases went back" in log, log[-2000:]
+    assert frontier.counts()["leased"] == 0  # not after 600 s: now
+
+
 def test_retries_back_off_then_dead_letter(shop, stores, tmp_path):
     base = shop.base_urls[0]
     flaky_calls = []

@@ -224,6 +224,19 @@ class Scheduler(BaseScheduler):
             logger.info("Gave back %d unfinished leases", released)
             self._inc("webfarm/frontier/released", released)
 
+    def give_back_all(self) -> int:
+        """After a forced stop (the reactor stopped, :meth:`close` never ran): give back
+        every lease of this worker, blocking; how many. Nothing else is sent: links held
+        are found again when their pages, given back, are fetched again."""
+        if self.frontier is None:
+            return 0
+        try:
+            return self.frontier.release_worker(self.worker)
+        except REDIS_ERRORS as exc:
+            logger.error("Redis unreachable after a forced stop (%s): the leases will expire "
+                         "and return to the frontier by themselves", exc)
+            return 0
+
     # -- the scheduler interface ------------------------------------------------------------
 
     def has_pending_requests(self) -> bool:

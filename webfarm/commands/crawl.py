@@ -68,7 +68,27 @@ def crawl_watched(command: ScrapyCommand, spider: str | type, opts: argparse.Nam
     if isinstance(task, asyncio.Future):
         task.add_done_callback(functools.partial(say_setting_error, command.settings))
     process.start()
+    if process.crawlers:  # a crawl that never ended: forced to stop (a second signal)
+        return forced_stop(process.crawlers)
     return 1 if process.bootstrap_failed else 0
+
+
+def forced_stop(crawlers: Any) -> int:
+    """A second Ctrl-C or TERM stops the reactor at once: the frontier scheduler never
+    closed, so its leases waited ``WEBFARM_LEASE_SECONDS`` (10 minutes) to come back,
+    and the exit code was 0, as for a finished crawl. Its leases go back now (a page
+    whose items were not stored yet, or whose links were not sent, is fetched again);
+    exit code 1."""
+    given = 0
+    for crawler in list(crawlers):
+        scheduler = getattr(getattr(getattr(crawler, "engine", None), "_slot", None),
+                            "scheduler", None)
+        give_back = getattr(scheduler, "give_back_all", None)
+        if give_back is not None:
+            given += give_back()
+    print(f"webfarm: the crawl was forced to stop before it finished; {given} leases went "
+          "back to the frontier for the next worker", file=sys.stderr)
+    return 1
 
 
 #: A component's refusal of a setting's value, raised as the crawl starts.
