@@ -28,7 +28,7 @@ from tests.testweb import Response, TestWeb
 from webfarm.frontier import Entry
 from webfarm.monitor import table
 from webfarm.monitor.alerts import Evaluator, Rules
-from webfarm.monitor.metrics import MetricsStore
+from webfarm.monitor.metrics import MetricsStore, Recorder
 from webfarm.monitor.notify import Notifier
 from webfarm.queue import open_frontier
 from webfarm.urls import host_of
@@ -457,6 +457,25 @@ def test_scrapy_frontier_reads_the_bucket_size_the_workers_wrote(redis_url):
     doc = json.loads(runner.scrapy(["frontier", "generic", "--json"],
                                    runner.env_for(REDIS_URL=redis_url), 60).stdout)
     assert doc["monitor"]["spider"]["requests"] == 60
+
+
+def test_fetch_rates_count_the_time_the_crawl_ran_in_the_window(redis_url):
+    """The scrapyd probe: 25 s into a crawl, `scrapy frontier` divided the fetches by its
+    whole window (256 s) and showed 9.6 fetches/min where the crawl made 96."""
+    server = redis.Redis.from_url(redis_url)
+    server.delete(*server.keys("webfarm:{rates}:m:*") or ["none"])
+    store = MetricsStore(server, "rates", bucket_seconds=60)
+    start = store.bucket_of(store.now()) + 60 * 10  # a bucket of the future: none written
+    recorder = Recorder(store)
+    store.clock_offset += start + 35 - store.now()  # the crawl's first fetch, 35 s in
+    for _ in range(40):
+        recorder.response("r.example", 200, 0.1, 100)
+    store.write(*recorder.drain())
+    store.clock_offset += 25  # 25 s later
+    window = store.window(240)
+    assert 24 <= window.seconds <= 26
+    assert 90 <= window.per_minute(window.spider.outcomes) <= 100  # 40 in 25 s: 96/min
+    assert window.spider.requests == 0 and window.spider.outcomes == 40  # not a figure
 
 
 def test_no_progress_counts_work_waiting_in_the_delayed_set(redis_url, receiver):

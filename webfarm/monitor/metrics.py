@@ -27,6 +27,9 @@ import redis
 from webfarm.frontier import key_prefix
 
 SPIDER_HOST = "*"  # the pseudo-host of the spider's totals and gauges
+#: How long before its bucket's end the bucket's first figure came (the largest of every
+#: worker's): a window that begins before the crawl did covers the crawl's time only.
+LEAD = f"{SPIDER_HOST}|lead_max"
 OTHER_HOSTS = "\x00other"  # running totals of hosts past Recorder.totals_hosts
 GAUGES = ("queued", "ready_hosts", "delayed", "leased", "dead")
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "other")
@@ -48,6 +51,7 @@ return 1
 
 
 _GAUGE_PREFIX = f"{SPIDER_HOST}|g:".encode()
+_LEAD = LEAD.encode()
 
 
 def _num(value: float) -> str:
@@ -255,8 +259,12 @@ class MetricsStore:
             pipe.hgetall(self.key(bucket))
         totals: dict[bytes, float] = defaultdict(float)
         gauges: list[tuple[int, dict[str, int]]] = []
+        began: float | None = None  # when the first figure of the window came
         for bucket, data in zip(buckets, pipe.execute() if buckets else [], strict=True):
             sampled: dict[str, int] = {}
+            lead = data.pop(_LEAD, None)
+            if began is None and data:
+                began = bucket + self.bucket_seconds - float(lead or self.bucket_seconds)
             for name, value in data.items():
                 if name.startswith(_GAUGE_PREFIX):
                     sampled[_text(name[len(_GAUGE_PREFIX):])] = int(float(value))
@@ -279,7 +287,9 @@ class MetricsStore:
                 if host not in hosts:
                     hosts[host] = Figures()
                 hosts[host].add(metric, value)
-        return Window(start, end, hosts, spider, gauges)
+        # Figures per minute over the time the crawl ran in the window: 25 s into a crawl,
+        # `scrapy frontier` divided by its whole window (256 s) and showed a tenth.
+        return Window(max(start, min(began or start, end)), end, hosts, spider, gauges)
 
     def last_gauges(self) -> dict[str, int] | None:
         """The most recent frontier sample within the last two buckets, or None."""
@@ -310,8 +320,12 @@ class Recorder:
         self._totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 
     def _add(self, host: str, pairs: Iterable[tuple[str, float]]) -> None:
-        bucket = self.store.bucket_of(self.store.now())
+        now = self.store.now()
+        bucket = self.store.bucket_of(now)
+        lead = bucket + self.store.bucket_seconds - now
         with self._lock:
+            if lead > self._maxes.get((bucket, LEAD), 0.0):
+                self._maxes[(bucket, LEAD)] = lead
             if not self.totals_hosts:
                 totals = None
             elif host in self._totals or len(self._totals) < self.totals_hosts:
