@@ -312,6 +312,18 @@ def test_lease_expiry_gives_the_entry_back(client: redis.Redis) -> None:
     assert (c["queued"], c["leased"], c["expired"]) == (0, 0, 1)
 
 
+def test_an_exchange_says_which_worker_s_leases_it_took_back(client: redis.Redis) -> None:
+    """A worker killed with kill -9 said nothing, nor did the one that took its leases
+    back: the exchange now says how many, and whose (the scheduler logs it)."""
+    f = Frontier(client, "spider", default_delay=0, lease_seconds=0.2)
+    f.push([entry("h.test", "1"), entry("h.test", "2")])
+    assert len(f.exchange("dead-worker", pop=2).popped) == 2
+    time.sleep(0.3)
+    taken = f.exchange("w2", pop=2)
+    assert (taken.expired, taken.expired_from, len(taken.popped)) == (2, ("dead-worker",), 2)
+    assert f.exchange("w2", pop=1).expired == 0
+
+
 def test_ack_forgets_for_good(client: redis.Redis) -> None:
     f = Frontier(client, "spider", default_delay=0, lease_seconds=0.1)
     f.push([entry("h.test", "1"), entry("h.test", "2")])

@@ -11,7 +11,7 @@ import pymongo
 import pytest
 import redis
 
-from tests import runner, servers
+from tests import crawlcheck, runner, servers
 from tests.crawlcheck import frontier as frontier_of
 from tests.proxyserver import ProxyServer
 from tests.relay import Relay
@@ -157,6 +157,10 @@ def test_kill_9_loses_nothing(shop, stores, tmp_path):
     second = runner.scrapy(["crawl", "generic", "-a", f"domains={host_of(base)}"], env,
                            timeout=180)
     assert second.returncode == 0, second.output[-2000:]
+    if counts["leased"]:  # the worker that takes them back says so, naming the dead one
+        assert "leases expired and went back to the frontier, of worker(s)" in second.output
+        assert crawlcheck.stat(second.output, "webfarm/frontier/expired_taken_back") == (
+            counts["leased"])
     urls = stored(stores)
     assert len(urls) == len(set(urls))
     assert set(urls) == shop.expected_pages(base)

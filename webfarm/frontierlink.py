@@ -296,6 +296,14 @@ class FrontierLink:
         self._count = result.count
 
     def _counted(self, push: list[Entry], result: Exchange) -> None:
+        if result.expired:
+            # A worker killed with kill -9 said nothing, and neither did the one that took
+            # its work back: `scrapy frontier` alone showed it, minutes later.
+            self._inc("webfarm/frontier/expired_taken_back", result.expired)
+            logger.warning("%d leases expired and went back to the frontier, of worker(s) %s "
+                           "(killed, or stalled past WEBFARM_LEASE_SECONDS): their pages are "
+                           "fetched again", result.expired,
+                           ", ".join(result.expired_from) or "unknown")
         added, over = sum(result.enqueued), sum(result.over_budget)
         self._inc("webfarm/frontier/enqueued", added)
         self._inc("webfarm/frontier/duplicates", len(push) - added - over)

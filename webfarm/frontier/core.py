@@ -110,6 +110,10 @@ class Exchange(NamedTuple):
     over_budget: list[bool] = []
     # the worker's exchanges so far, this one included (0: pushed without a worker name)
     count: int = 0
+    # leases this call found expired and put back in their queues, and up to 3 of the
+    # workers that held them (killed, or stalled past WEBFARM_LEASE_SECONDS)
+    expired: int = 0
+    expired_from: tuple[str, ...] = ()
 
 
 def key_prefix(spider: str) -> str:
@@ -319,13 +323,14 @@ class Frontier(FrontierEnds, FrontierHosts, FrontierReads):
         popped = [
             Popped(as_text(reply[i]), as_text(reply[i + 1]), as_text(reply[i + 2]),
                    int(reply[i + 3]))
-            for i in range(4, len(reply), 4)
+            for i in range(6, len(reply), 4)
         ]
         ready_in = None if int(reply[2]) < 0 else int(reply[2]) / 1000
         if pop:
             self.last_ready_in = None if len(popped) == pop else ready_in
         return Exchange(int(reply[0]), [c == ord("1") for c in flags], popped, ready_in,
-                        [c == ord("2") for c in flags], int(reply[3]))
+                        [c == ord("2") for c in flags], int(reply[3]), int(reply[4]),
+                        tuple(as_text(reply[5]).split()))
 
     def push(self, entries: Sequence[Entry]) -> list[bool]:
         """Seen-check and enqueue a batch (a page's links) in one call.

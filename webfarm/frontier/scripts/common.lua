@@ -43,6 +43,7 @@ local T = redis.call('TIME')
 local NOW = tonumber(T[1]) * 1000 + math.floor(tonumber(T[2]) / 1000) -- ms, an exact integer
 
 local d_queued, d_seen, d_expired = 0, 0, 0
+local expired_from = {} -- workers whose leases expired in this call (at most 3 named)
 local ready_known = {} -- hosts known to be in 'ready' during this call
 
 local function fmt_int(x) return string.format('%d', x) end
@@ -145,9 +146,13 @@ local function maintain(batch)
   end
   local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', NOW, 'LIMIT', 0, batch)
   for _, id in ipairs(expired) do
-    local rec = unlease(id, true)
+    local rec, who = unlease(id, true)
     if rec then
       d_expired = d_expired + 1
+      if who and #expired_from < 3 and not expired_from[who] then
+        expired_from[who] = true
+        expired_from[#expired_from + 1] = who
+      end
       requeue_record(rec, 'lease')
     end
   end

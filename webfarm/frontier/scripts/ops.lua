@@ -79,7 +79,8 @@ local OPS = {}
 --       15 scope (the worker's bare host names, space-separated; '' = every host), then
 --       n_ack lease ids, then n_push entries (see push).
 -- Returns {acked, push flags '1'/'0'/'2', ready_in ms or -1, the worker's exchange count (0
--- without a worker), then lease, host, payload, attempts of each pop}
+-- without a worker), leases found expired and put back, up to 3 of their workers
+-- (space-separated), then lease, host, payload, attempts of each pop}
 OPS.step = function()
   local worker, lease_ms = ARGV[3], tonumber(ARGV[4])
   local default_ms = fleet_default(worker, tonumber(ARGV[5]))
@@ -104,9 +105,10 @@ OPS.step = function()
   end
   local count = 0
   if worker ~= '' then count = redis.call('HINCRBY', K_WORKERS, worker, 1) end
-  local out = {acked, flags, '-1', count}
+  local out = {acked, flags, '-1', count, 0, ''}
   if want > 0 then
     maintain(batch)
+    out[5], out[6] = d_expired, table.concat(expired_from, ' ')
     local got, host_at = 0, nil
     for _ = 1, want do
       local p, at = pop_one(worker, lease_ms, default_ms, scope, wait)
