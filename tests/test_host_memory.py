@@ -92,7 +92,7 @@ def test_a_broad_crawl_forgets_hosts_and_keeps_their_crawl_delay(sites, stores):
     starts = [url for base in sites.base_urls for url in _mini_site(sites, base)]
     env = runner.env_for(**stores, WEBFARM_RENDER="http")
     result = runner.scrapy(["crawl", "generic", "-a", "start=" + ",".join(starts),
-                            "-s", "WEBFARM_HOST_MEMORY=3", "-s", "WEBFARM_HOST_DELAY=0.05"],
+                            "-s", "WEBFARM_HOST_MEMORY=3", "-s", "WEBFARM_HOST_DELAY=0.25"],
                            env, timeout=120)
     assert result.returncode == 0, result.output[-3000:]
     assert "Traceback" not in result.output, result.output[-3000:]
