@@ -212,6 +212,11 @@ def test_a_forced_stop_gives_leases_back_and_exits_1(shop, stores, tmp_path):
     log = (tmp_path / "a.log").read_text()
     assert "forced to stop before it finished" in log and "leases went back" in log, log[-2000:]
     assert frontier.counts()["leased"] == 0  # not after 600 s: now
+    # A page stored before the stop was acknowledged, not given back to be fetched again.
+    queued = {json.loads(member.split(b":", 3)[3])["url"]
+              for key in frontier.server.scan_iter(match=frontier.key("q:*"))
+              for member in frontier.server.zrange(key, 0, -1)}
+    assert queued and not queued & set(stored(stores)), queued & set(stored(stores))
 
 
 def test_retries_back_off_then_dead_letter(shop, stores, tmp_path):

@@ -225,12 +225,16 @@ class Scheduler(BaseScheduler):
             self._inc("webfarm/frontier/released", released)
 
     def give_back_all(self) -> int:
-        """After a forced stop (the reactor stopped, :meth:`close` never ran): give back
-        every lease of this worker, blocking; how many. Nothing else is sent: links held
-        are found again when their pages, given back, are fetched again."""
+        """After a forced stop (the reactor stopped, :meth:`close` never ran): send the
+        links and acks held, then give back every other lease of this worker, blocking;
+        how many. A page stored whose ack was held was given back and fetched again. (An
+        exchange that was on its way when the reactor stopped never lands: its pages are
+        given back and fetched again, and their links found again.)"""
         if self.frontier is None:
             return 0
         try:
+            if self.link is not None:
+                self.link.flush(force=True)
             return self.frontier.release_worker(self.worker)
         except REDIS_ERRORS as exc:
             logger.error("Redis unreachable after a forced stop (%s): the leases will expire "
