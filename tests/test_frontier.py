@@ -123,6 +123,30 @@ def test_a_worker_with_a_shorter_default_delay_does_not_speed_up_the_fleet(
             "host by the longest") in caplog.text
 
 
+def test_a_worker_hears_when_one_with_a_longer_default_delay_joins(
+        redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The scrapyd re-probe: a job started later with WEBFARM_HOST_DELAY=1.0 slowed the
+    running 0.5 s crawl to 1 s gaps, and that crawl's log said nothing (only workers that
+    started after the slow one were told, at their start)."""
+    from webfarm.frontierlink import FrontierLink
+
+    fast = Frontier(redis.Redis.from_url(redis_url), "spider", default_delay=0.1)
+    slow = Frontier(redis.Redis.from_url(redis_url), "spider", default_delay=1.0)
+    link = FrontierLink(fast, "fast")
+    caplog.set_level("WARNING", logger="webfarm.advice")
+    assert link.exchange(pop=0).fleet_default_ms == 100
+    assert "runs with" not in caplog.text
+    slow.exchange("slow", pop=0)  # it joins
+    assert (link.exchange(pop=0).fleet_default_ms, link.exchange(pop=0).fleet_default_of) == (
+        1000, "slow")
+    assert caplog.text.count("but worker slow of webfarm:{spider}: runs with 1s") == 1
+    slow.release_worker("slow")  # it leaves, and comes back: said again
+    link.exchange(pop=0)
+    slow.exchange("slow", pop=0)
+    link.exchange(pop=0)
+    assert caplog.text.count("runs with 1s") == 2
+
+
 def test_a_host_s_own_shorter_delay_does_not_undercut_the_fleet_default(
         redis_url: str) -> None:
     """The shorter worker's latency rule set each host it fetched to about its own 0.1 s

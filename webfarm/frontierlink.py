@@ -21,6 +21,7 @@ from typing import Any
 import redis
 from scrapy.statscollectors import StatsCollector
 
+from webfarm import advice
 from webfarm.frontier import AsyncFrontier, Entry, Exchange, Frontier
 from webfarm.hostmemory import DEFAULT_SIZE, RecentHosts
 from webfarm.redisconn import REDIS_ERRORS
@@ -68,6 +69,7 @@ class FrontierLink:
         #: Redis lost writes of this worker it had acknowledged (see :meth:`_check_count`)
         self.on_lost_writes = on_lost_writes
         self._count = 0  # this worker's exchanges, as the frontier last counted them
+        self._fleet_said = 0  # the fleet's default delay (ms) last seen; said if above ours
         self._idle_check: asyncio.Future[bool] | None = None
         self.push: list[Entry] = []
         self.acks: list[str] = []
@@ -272,6 +274,7 @@ class FrontierLink:
         """What follows an exchange Redis took, blocking or not."""
         self.ok()
         self._check_count(result)
+        self._check_fleet_default(result)
         self._counted(push, result)
         self.on_exchange(result, pop, later)
 
@@ -294,6 +297,19 @@ class FrontierLink:
             self._inc("webfarm/frontier/lost_writes")
             self.on_lost_writes()
         self._count = result.count
+
+    def _check_fleet_default(self, result: Exchange) -> None:
+        """Say when the fleet's default host delay rises above this worker's: a worker
+        started later with a longer one slowed every crawl of the frontier, and only the
+        workers that started after it were told, at their start."""
+        ms = result.fleet_default_ms
+        if ms == self._fleet_said:
+            return
+        self._fleet_said = ms
+        own = self.frontier.default_delay
+        if ms > round(own * 1000):
+            advice.shorter_default_delay(own, {result.fleet_default_of or "?": ms / 1000},
+                                         self.frontier.prefix)
 
     def _counted(self, push: list[Entry], result: Exchange) -> None:
         if result.expired:

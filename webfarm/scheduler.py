@@ -191,8 +191,6 @@ class Scheduler(BaseScheduler):
             self.frontier.prefix, kw.get("host", "?"), kw.get("port", "?"), kw.get("db", 0),
             self.worker, counts["queued"], counts["delayed"], counts["leased"],
         )
-        advice.shorter_default_delay(self.frontier.default_delay,
-                                     self.frontier.fleet_delays(), self.frontier.prefix)
 
     def close(self, reason: str) -> Deferred[None] | None:
         """Flush what is held and give back unfinished leases at once; delete nothing."""

@@ -114,6 +114,10 @@ class Exchange(NamedTuple):
     # workers that held them (killed, or stalled past WEBFARM_LEASE_SECONDS)
     expired: int = 0
     expired_from: tuple[str, ...] = ()
+    # the default host delay the fleet runs with (ms; the longest of the workers') and the
+    # worker whose it is
+    fleet_default_ms: int = 0
+    fleet_default_of: str = ""
 
 
 def key_prefix(spider: str) -> str:
@@ -323,14 +327,14 @@ class Frontier(FrontierEnds, FrontierHosts, FrontierReads):
         popped = [
             Popped(as_text(reply[i]), as_text(reply[i + 1]), as_text(reply[i + 2]),
                    int(reply[i + 3]))
-            for i in range(6, len(reply), 4)
+            for i in range(8, len(reply), 4)
         ]
         ready_in = None if int(reply[2]) < 0 else int(reply[2]) / 1000
         if pop:
             self.last_ready_in = None if len(popped) == pop else ready_in
         return Exchange(int(reply[0]), [c == ord("1") for c in flags], popped, ready_in,
                         [c == ord("2") for c in flags], int(reply[3]), int(reply[4]),
-                        tuple(as_text(reply[5]).split()))
+                        tuple(as_text(reply[5]).split()), int(reply[6]), as_text(reply[7]))
 
     def push(self, entries: Sequence[Entry]) -> list[bool]:
         """Seen-check and enqueue a batch (a page's links) in one call.

@@ -168,19 +168,21 @@ local function fleet_default(worker, own_ms)
   if worker ~= '' then
     redis.call('HSET', K_DEFAULTS, worker, fmt_int(own_ms) .. ' ' .. fmt_int(NOW + DEFAULTS_TTL))
   end
-  local best
+  local best, who
   local flat = redis.call('HGETALL', K_DEFAULTS)
   for i = 1, #flat, 2 do
     local ms, expires = string.match(flat[i + 1], '^(%d+) (%d+)$')
     if not ms or tonumber(expires) < NOW then
       redis.call('HDEL', K_DEFAULTS, flat[i])
     elseif not best or tonumber(ms) > best then
-      best = tonumber(ms)
+      best, who = tonumber(ms), flat[i]
     end
   end
   -- A caller that is no worker (`scrapy frontier`, a seed) has its own default counted only
-  -- when no worker runs: it read, and spaced, hosts by its own settings' default.
-  return best or own_ms
+  -- when no worker runs: it read, and spaced, hosts by its own settings' default. Second
+  -- answer: the worker whose default it is (wrap the call in parentheses when passing it
+  -- as a last argument, or that answer becomes the next parameter).
+  return best or own_ms, who or ''
 end
 
 -- The delay a host's 429s asked for (OPS.limit), shared by every worker: MS at AT_MS, then

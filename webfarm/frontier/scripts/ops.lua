@@ -80,10 +80,11 @@ local OPS = {}
 --       n_ack lease ids, then n_push entries (see push).
 -- Returns {acked, push flags '1'/'0'/'2', ready_in ms or -1, the worker's exchange count (0
 -- without a worker), leases found expired and put back, up to 3 of their workers
--- (space-separated), then lease, host, payload, attempts of each pop}
+-- (space-separated), the fleet's default delay ms and the worker whose it is, then lease,
+-- host, payload, attempts of each pop}
 OPS.step = function()
   local worker, lease_ms = ARGV[3], tonumber(ARGV[4])
-  local default_ms = fleet_default(worker, tonumber(ARGV[5]))
+  local default_ms, default_of = fleet_default(worker, tonumber(ARGV[5]))
   local batch, want = tonumber(ARGV[6]), tonumber(ARGV[7])
   local n_ack, n_push = tonumber(ARGV[12]), tonumber(ARGV[13])
   local mode, acked, flags = ARGV[8], 0, ''
@@ -105,7 +106,7 @@ OPS.step = function()
   end
   local count = 0
   if worker ~= '' then count = redis.call('HINCRBY', K_WORKERS, worker, 1) end
-  local out = {acked, flags, '-1', count, 0, ''}
+  local out = {acked, flags, '-1', count, 0, '', default_ms, default_of}
   if want > 0 then
     maintain(batch)
     out[5], out[6] = d_expired, table.concat(expired_from, ' ')
@@ -242,7 +243,7 @@ end
 -- hand-out waits a delay after it.
 OPS.arrive = function()
   local host, id = ARGV[3], ARGV[4]
-  local delay = host_delay_ms(host, fleet_default('', tonumber(ARGV[5])))
+  local delay = host_delay_ms(host, (fleet_default('', tonumber(ARGV[5]))))
   local at = NOW
   local last = redis.call('HGET', K_ARRIVED, host)
   if last then
@@ -279,7 +280,7 @@ end
 
 -- delay_of: ARGV 3 host, 4 default ms -> the host's delay as pops space it, ms.
 OPS.delay_of = function()
-  return fmt_int(host_delay_ms(ARGV[3], fleet_default('', tonumber(ARGV[4]))))
+  return fmt_int(host_delay_ms(ARGV[3], (fleet_default('', tonumber(ARGV[4])))))
 end
 
 -- set_delay: ARGV 3 host, 4 seconds, 5 default ms. A longer delay also pushes back the pending
