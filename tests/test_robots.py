@@ -59,6 +59,21 @@ def test_robots_agent_from_settings():
         "otherbot")
 
 
+def test_an_agent_with_the_placeholder_s_contact_url_is_told_so(monkeypatch, caplog):
+    """The scrapyd re-probe's agent 'hp3-probe/1.0 (+https://example.invalid/bot)' was
+    said to be "the placeholder", which it was not: only its contact URL was."""
+    import webfarm.robots as robots
+
+    placeholder = "webfarm/0.1 (+https://example.invalid/x)"
+    for agent, said in ((UA.replace("example.org", "example.invalid"), "contact URL"),
+                        (placeholder, "is the placeholder")):
+        monkeypatch.setattr(robots, "_placeholder_warned", False)
+        caplog.clear()
+        robots.warn_placeholder_user_agent(Settings({
+            "USER_AGENT": agent, "WEBFARM_USER_AGENT_PLACEHOLDER": placeholder}))
+        assert said in caplog.text and PLACEHOLDER_HINT in caplog.text, caplog.text
+
+
 def test_rules_from_hostile_bodies():
     rules = RobotsRules.parse(b"\xef\xbb\xbfUser-agent: *\nDisallow: /private/\n")  # BOM
     assert not rules.allowed("http://h/private/x", "webfarm")

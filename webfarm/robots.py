@@ -64,10 +64,12 @@ def warn_placeholder_user_agent(settings: BaseSettings) -> None:
     if _placeholder_warned or (agent != placeholder and "example.invalid" not in agent):
         return
     _placeholder_warned = True
+    what = "is the placeholder" if agent == placeholder else (
+        "gives the placeholder's contact URL (example.invalid, a name that never resolves)")
     logger.warning(
-        "USER_AGENT is the placeholder %r: set WEBFARM_USER_AGENT to your crawler's name and "
-        "a contact URL, e.g. WEBFARM_USER_AGENT='acmebot/1.0 (+https://acme.example/bot)'",
-        agent,
+        "USER_AGENT %r %s: set WEBFARM_USER_AGENT to your crawler's name and a contact URL "
+        "a site's operator can reach, e.g. WEBFARM_USER_AGENT='acmebot/1.0 "
+        "(+https://acme.example/bot)'", agent, what,
     )
 
 
