@@ -64,8 +64,8 @@ _said_keys: set[str] = set()
 
 
 def dict_key_slips(item: dict[str, Any]) -> None:
-    """Say once a name a dict item's ``_``-key that looks like a slip of ``_key`` or
-    ``_collection`` (``_keys``: the item was stored keyed on its page)."""
+    """Say a dict item's ``_``-key that looks like a slip of ``_key`` or ``_collection``,
+    once a name (``_keys``: the item was stored keyed on its page)."""
     for name in item:
         if (isinstance(name, str) and name.startswith("_") and name not in DICT_KEYS
                 and name not in _said_keys):
