@@ -283,6 +283,20 @@ def test_a_worker_kept_to_its_hosts_takes_another_crawl_s_only_when_none_took_th
     assert anyone.pop("w3").host == "c.test"
 
 
+def test_a_scope_with_ports_takes_those_ports_only(client: redis.Redis) -> None:
+    """Two crawls of one host on two ports took each other's pages as their own: a scope
+    named hosts without their ports. A ``host:port`` is that port only (a bare name: any
+    port; no port in the host: 80 or 443)."""
+    mine = Frontier(client, "spider", default_delay=0)
+    mine.keep_to(["a.test:8161", "[::1]:8080", "b.test:443", "c.test"], wait=60)
+    assert mine.scope == ["[::1]:8080", "a.test:8161", "b.test:443", "c.test"]
+    ours = ["a.test:8161", "www.a.test:8161", "[::1]:8080", "b.test", "c.test:9000"]
+    theirs = ["a.test:8162", "a.test", "[::1]:9090", "b.test:8443"]
+    mine.push([entry(h, "1") for h in theirs + ours])
+    assert sorted(mine.pop("w1").host for _ in ours) == sorted(ours)
+    assert mine.pop("w1") is None and not mine.is_idle()  # ours leased, theirs waiting
+
+
 def test_a_worker_kept_to_its_hosts_is_idle_when_they_are_done(
         client: redis.Redis, redis_url: str) -> None:
     """It waited for every crawl sharing the frontier to end, and took their hosts."""

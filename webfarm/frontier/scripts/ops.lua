@@ -76,8 +76,8 @@ local OPS = {}
 -- step: acks, then pushes, then housekeeping and up to `want` pops, in one call.
 -- ARGV: 3 worker, 4 lease_ms, 5 default_delay_ms, 6 batch, 7 want, 8 mode, 9 cap0, 10 err0,
 --       11 host budget (0: none), 12 n_ack, 13 n_push, 14 wait ms for hosts outside scope,
---       15 scope (the worker's bare host names, space-separated; '' = every host), then
---       n_ack lease ids, then n_push entries (see push).
+--       15 scope (the worker's host names, bare or host:port, space-separated; '' = every
+--       host; see parse_scope), then n_ack lease ids, then n_push entries (see push).
 -- Returns {acked, push flags '1'/'0'/'2', ready_in ms or -1, the worker's exchange count (0
 -- without a worker), leases found expired and put back, up to 3 of their workers
 -- (space-separated), the fleet's default delay ms and the worker whose it is, then lease,
@@ -332,8 +332,8 @@ OPS.counts = function()
           tonumber(s[3]) or 0, tonumber(s[4]) or 0}
 end
 
--- idle_in: ARGV[3] scope (bare host names, space-separated). {1, entries of other hosts
--- queued or delayed} when no host of the scope has queued, delayed or leased entries;
+-- idle_in: ARGV[3] scope (host names, bare or host:port, space-separated). {1, entries of
+-- other hosts queued or delayed} when no host of the scope has queued, delayed or leased entries;
 -- {0, 0} when one has, or when there is more than IDLE_SCAN of one kind to look at (a
 -- worker then waits for the whole frontier).
 local IDLE_SCAN = 10000
