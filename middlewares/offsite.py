@@ -23,6 +23,7 @@ remember the last ``WEBFARM_HOST_MEMORY`` hosts they logged, not every one
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import NoReturn
 from urllib.parse import urlsplit
 
@@ -47,6 +48,9 @@ class FrontierOffsiteMiddleware(OffsiteMiddleware):
     def __init__(self, stats: StatsCollector) -> None:
         super().__init__(stats)
         self._remember(DEFAULT_SIZE)
+        # The spider's hosts and its test of a URL (ports kept: webfarm.urls.spider_scope),
+        # read once the spider opens.
+        self._scope: tuple[list[str], Callable[[str], bool] | None] = ([], None)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> FrontierOffsiteMiddleware:
@@ -60,13 +64,17 @@ class FrontierOffsiteMiddleware(OffsiteMiddleware):
         self.domains_seen = RecentHosts[None](hosts)  # type: ignore[assignment]
         self._said: RecentHosts[None] = RecentHosts(hosts)  # hosts whose give-back was logged
 
+    def spider_opened(self, spider: Spider) -> None:
+        super().spider_opened(spider)
+        self._scope = spider_scope(spider)
+
     def _off_port(self, request: Request) -> bool:
         """On a host of the spider's by name but not by port (a WebfarmSpider's ``hosts``
         keep one): another crawl's page, taken as this one's. Fetched, its links were
         dropped (the spider follows its own ports only), and those pages never crawled."""
         if request.meta.get("allow_offsite") or request.dont_filter:
             return False
-        within = spider_scope(self.crawler.spider)[1]
+        within = self._scope[1]
         return within is not None and not within(request.url)
 
     def request_scheduled(self, request: Request, spider: Spider) -> None:
@@ -82,7 +90,7 @@ class FrontierOffsiteMiddleware(OffsiteMiddleware):
             super().process_request(request)
             if not self._off_port(request):
                 return None
-            named, host = spider_scope(own)[0], urlparse_cached(request).netloc
+            named, host = self._scope[0], urlparse_cached(request).netloc
         except IgnoreRequest:
             named = getattr(own, "allowed_domains", None) or ()
             host = urlparse_cached(request).hostname or ""
