@@ -257,6 +257,15 @@ OPS.arrive = function()
   return fmt_int(at - NOW)
 end
 
+-- The host's delay grew from old to new ms: its pending next-allowed time, computed with
+-- the old one, moves out by the difference.
+local function lengthen(host, old, new)
+  for _, key in ipairs({K_READY, K_COOL}) do
+    local cur = tonumber(redis.call('ZSCORE', key, host) or '')
+    if cur and cur > NOW then redis.call('ZADD', key, 'GT', cur - old + new, host) end
+  end
+end
+
 -- limit: ARGV 3 host, 4 floor ms, 5 max ms, 6 default ms -> the host's delay now, ms. A 429:
 -- the host's delay doubles, for every worker (at least the floor, at most the max), and
 -- comes down again by itself, 50 ms a second (limited_ms). Once per delay: a 429 to a
@@ -271,10 +280,7 @@ OPS.limit = function()
   local new = math.min(math.max(2 * old, tonumber(ARGV[4])), tonumber(ARGV[5]))
   if new <= old then return fmt_int(old) end
   redis.call('HSET', K_LIMITED, host, fmt_int(new) .. ' ' .. fmt_int(NOW))
-  for _, key in ipairs({K_READY, K_COOL}) do
-    local cur = tonumber(redis.call('ZSCORE', key, host) or '')
-    if cur and cur > NOW then redis.call('ZADD', key, 'GT', cur - old + new, host) end
-  end
+  lengthen(host, old, new)
   return fmt_int(new)
 end
 
@@ -291,12 +297,7 @@ OPS.set_delay = function()
   local old = host_delay_ms(host, default_ms)
   redis.call('HSET', K_DELAY, host, ARGV[4])
   local new = host_delay_ms(host, default_ms, true)
-  if new > old then
-    for _, key in ipairs({K_READY, K_COOL}) do
-      local cur = tonumber(redis.call('ZSCORE', key, host) or '')
-      if cur and cur > NOW then redis.call('ZADD', key, 'GT', cur - old + new, host) end
-    end
-  end
+  if new > old then lengthen(host, old, new) end
   return 1
 end
 
