@@ -4,6 +4,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Test processes: most tests wait on a crawl's delays, not the CPU, so two share 2 cores
+# (17 min in one process, under 10 in two). A test file stays in one process, so its
+# module fixtures (two scrapyd servers, a test web) start once.
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test lint bench chromium services-down clean
 
@@ -27,7 +31,7 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
