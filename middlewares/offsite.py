@@ -37,7 +37,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from webfarm.exceptions import DeadLetter, RetryLater
 from webfarm.hostmemory import DEFAULT_SIZE, RecentHosts, host_memory_size
 from webfarm.queue import LEASE
-from webfarm.urls import spider_scope, within_domains
+from webfarm.urls import host_of, spider_scope
 
 logger = logging.getLogger(__name__)
 
@@ -120,12 +120,20 @@ class LeftTheHosts:
         self.verb = verb  # "to {verb} it, add the host"
         self.requeue = requeue  # extra `scrapy dlq --requeue` arguments
         self.said: RecentHosts[None] = RecentHosts(host_memory_size(crawler.settings))
+        self._scope: tuple[list[str], Callable[[str], bool] | None] | None = None
 
     def host(self, request: Request, target: str, allowed: bool) -> str | None:
-        """``target``'s host if going there left the spider's hosts, else None."""
-        within = within_domains(getattr(self.crawler.spider, "allowed_domains", None) or ())
+        """``target``'s host if going there left the spider's hosts, else None. Ports
+        count as the spider's links do (:func:`webfarm.urls.spider_scope`): a redirect to
+        another port of its host was followed, and the frontier then gave the page back
+        as another crawl's until it was dead-lettered."""
+        if self._scope is None:
+            self._scope = spider_scope(self.crawler.spider)
+        named, within = self._scope
         if within is None or allowed or within(target) or not within(request.url):
             return None
+        if any(":" in name for name in named):  # hosts named with a port: name the port
+            return host_of(target)
         return urlsplit(target).hostname or ""
 
     def refuse(self, request: Request, target: str, host: str, chain: str,
@@ -134,8 +142,9 @@ class LeftTheHosts:
         fix) is said the first time a host is met."""
         spider = self.crawler.spider
         assert spider is not None
+        named = self._scope[0] if self._scope else spider_scope(spider)[0]
         fix = (f"to {self.verb} it, add {host} to the spider's hosts (-a domains=… or "
-               f"allowed_domains; now {', '.join(spider.allowed_domains)})")
+               f"allowed_domains; now {', '.join(named)})")
         if request.meta.get("depth", 0) == 0:
             raise DeadLetter(f"{self.what}: {chain}; {fix}, then "
                              f"`scrapy dlq {spider.name} --requeue{self.requeue}`")

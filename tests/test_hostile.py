@@ -178,7 +178,7 @@ def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
     # follow it, and nothing fetched there.
     assert reasons["/to/offsite"].startswith(
         f"redirect offsite: {base}/to/offsite → http://127.0.0.9:9/moved; to follow it, add "
-        "127.0.0.9 to the spider's hosts (-a domains=… or allowed_domains; now 127.0.0."), (
+        "127.0.0.9:9 to the spider's hosts (-a domains=… or allowed_domains; now 127.0.0."), (
         reasons["/to/offsite"])
     assert reasons["/to/offsite"].endswith(
         "then `scrapy dlq generic --requeue --reason 'redirect offsite'`")
@@ -283,6 +283,39 @@ def test_a_link_that_redirects_out_of_the_spider_s_hosts_is_said_once_per_host(c
                     "spider's hosts: not followed; to follow it, add shop.example to the "
                     "spider's hosts (-a domains=… or allowed_domains; now shop.test) (said "
                     "once per host)"]
+    assert crawler.stats.get_value("webfarm/limits/redirect_offsite") == 2
+
+
+def test_a_redirect_to_another_port_of_the_spider_s_host_is_not_followed(caplog):
+    """A WebfarmSpider keeps to its hosts' ports (its links do, and the frontier's
+    scope). The redirect check compared bare names: ``shop.test:8080`` → ``:9090`` was
+    followed, and the frontier then gave the page back as another crawl's, try after try,
+    until it was dead-lettered as "offsite"."""
+    from scrapy.exceptions import IgnoreRequest
+    from scrapy.http import Response as ScrapyResponse
+
+    from middlewares.limits import RedirectMiddleware
+    from spiders.generic import GenericSpider
+
+    crawler = get_crawler(GenericSpider)
+    crawler.spider = GenericSpider(start_urls="http://shop.test:8080/",
+                                   allowed_domains="shop.test:8080")
+    mw = RedirectMiddleware.from_crawler(crawler)
+    caplog.set_level("WARNING")
+    request = Request("http://shop.test:8080/a", meta={"depth": 1})
+    for target in ("http://shop.test:9090/a", "http://shop.test:9090/b"):
+        moved = ScrapyResponse(request.url, status=301, headers={"Location": target})
+        with pytest.raises(IgnoreRequest, match="redirect offsite"):
+            mw.process_response(request, moved)
+    # Its own port, and a subdomain on it, are followed.
+    for target in ("http://shop.test:8080/b", "http://www.shop.test:8080/b"):
+        moved = ScrapyResponse(request.url, status=301, headers={"Location": target})
+        assert mw.process_response(request, moved).url == target
+    said = [r.getMessage() for r in caplog.records if "outside the spider's hosts" in r.message]
+    assert said == ["http://shop.test:8080/a redirects to http://shop.test:9090/a, outside the "
+                    "spider's hosts: not followed; to follow it, add shop.test:9090 to the "
+                    "spider's hosts (-a domains=… or allowed_domains; now shop.test:8080) "
+                    "(said once per host)"]
     assert crawler.stats.get_value("webfarm/limits/redirect_offsite") == 2
 
 
