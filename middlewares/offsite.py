@@ -68,14 +68,16 @@ class FrontierOffsiteMiddleware(OffsiteMiddleware):
         super().spider_opened(spider)
         self._scope = spider_scope(spider)
 
-    def _off_port(self, request: Request) -> bool:
-        """On a host of the spider's by name but not by port (a WebfarmSpider's ``hosts``
-        keep one): another crawl's page, taken as this one's. Fetched, its links were
+    def should_follow(self, request: Request, spider: Spider) -> bool:
+        """Scrapy's test of the host's name, and a WebfarmSpider's ports (its ``hosts``
+        keep one). Another port of its host was let through: a request the spider yielded
+        there was queued, then given back by every worker until it was dead-lettered; a
+        leased page of another crawl on that port was fetched as this one's and its links
         dropped (the spider follows its own ports only), and those pages never crawled."""
-        if request.meta.get("allow_offsite") or request.dont_filter:
+        if not super().should_follow(request, spider):
             return False
         within = self._scope[1]
-        return within is not None and not within(request.url)
+        return within is None or within(request.url)
 
     def request_scheduled(self, request: Request, spider: Spider) -> None:
         # Yielded by this worker's spider (a redirect too): dropped before it is queued.
@@ -87,13 +89,13 @@ class FrontierOffsiteMiddleware(OffsiteMiddleware):
         own = self.crawler.spider
         assert own is not None
         try:  # Scrapy's check, its DEBUG line and its offsite/* stats
-            super().process_request(request)
-            if not self._off_port(request):
-                return None
-            named, host = self._scope[0], urlparse_cached(request).netloc
+            return super().process_request(request)
         except IgnoreRequest:
-            named = getattr(own, "allowed_domains", None) or ()
-            host = urlparse_cached(request).hostname or ""
+            pass
+        named = self._scope[0]
+        # Hosts named with a port: the port tells the crawls of one host apart.
+        host = (host_of(request.url) if any(":" in name for name in named)
+                else urlparse_cached(request).hostname or "")
         hosts = ", ".join(named) or "none"
         if host not in self._said:  # Scrapy's domains_seen holds hosts it dropped unsaid
             self._said.add(host)

@@ -145,6 +145,40 @@ def test_a_host_first_dropped_at_scheduling_is_still_said_when_a_leased_request_
     assert offsite.process_request(Request("http://www.mine.test/c", meta={LEASE: "2"})) is None
 
 
+def test_another_port_of_the_spider_s_host_is_offsite_when_yielded_and_when_leased(caplog):
+    """A WebfarmSpider's hosts keep their port. Scrapy's filter compares names: a request
+    the spider yielded to another port was queued, and every worker then gave it back
+    until it was dead-lettered; now it is dropped before it is queued, as Scrapy drops
+    another host's. A leased one goes back, named with its port."""
+    from scrapy.exceptions import IgnoreRequest
+    from scrapy.http import Request
+    from scrapy.utils.test import get_crawler
+
+    from middlewares.offsite import FrontierOffsiteMiddleware
+    from spiders.generic import GenericSpider
+    from webfarm.exceptions import RetryLater
+    from webfarm.queue import LEASE
+
+    crawler = get_crawler(GenericSpider)
+    crawler.spider = GenericSpider(start_urls="http://shop.test:8080/")
+    offsite = FrontierOffsiteMiddleware.from_crawler(crawler)
+    offsite.spider_opened(crawler.spider)
+    with pytest.raises(IgnoreRequest) as dropped:
+        offsite.request_scheduled(Request("http://shop.test:9090/a"), crawler.spider)
+    assert not isinstance(dropped.value, RetryLater)
+    assert crawler.stats.get_value("offsite/filtered") == 1
+    offsite.request_scheduled(Request("http://shop.test:8080/a"), crawler.spider)
+    offsite.request_scheduled(Request("http://shop.test:9090/a", meta={"allow_offsite": True}),
+                              crawler.spider)
+    leased = Request("http://shop.test:9090/b", meta={LEASE: "1"})
+    with caplog.at_level("WARNING", logger="middlewares.offsite"), \
+            pytest.raises(RetryLater, match=r"offsite: shop.test:9090 is outside .*"
+                                            r"\(shop.test:8080\)"):
+        offsite.process_request(leased)
+    assert [r.message.count("'shop.test:9090' is outside") for r in caplog.records] == [1]
+    assert offsite.process_request(Request("http://shop.test:8080/c", meta={LEASE: "2"})) is None
+
+
 def test_a_worker_that_fetched_nothing_says_the_frontier_holds_other_hosts(redis_url, caplog):
     """Its -a domains missed the seeded hosts: it stops having fetched nothing, where it
     took them and gave them back, saying so, before."""
