@@ -7,6 +7,7 @@ spider's frontier, were gone without a trace."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -234,3 +235,40 @@ def test_two_crawls_of_one_host_on_two_ports_each_crawl_all_their_pages(stores, 
     for log in logs:
         assert "Traceback" not in log, log[-3000:]
         assert crawlcheck.stat(log, "webfarm/frontier/dead") == 0
+
+
+def test_two_spiders_on_one_host_at_once_are_told_their_delays_do_not_add_up(stores,
+                                                                             tmp_path):
+    """Each spider's frontier keeps a host's delay for its own workers: ``generic`` and
+    ``catalogue`` on one shop at once each fetched at the delay, together twice as often
+    (a probe: gaps of 3 ms on a host whose spider asked for 2 s), and nothing said so.
+    Each worker now warns, naming the other spider; the host only one of them crawls is
+    not named."""
+    with TestWeb(hosts=HOSTS, categories=1, products_per_category=6) as web:
+        shop, own = web.base_urls
+        env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0.25", WEBFARM_IDLE_TIMEOUT="1")
+        procs = [runner.popen(["crawl", "generic", "-a", f"start={shop}/,{own}/"], env,
+                              tmp_path / "generic.log"),
+                 runner.popen(["crawl", "catalogue", "-a", f"start={shop}/"], env,
+                              tmp_path / "catalogue.log")]
+        try:
+            assert [p.wait(timeout=120) for p in procs] == [0, 0]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
+        gaps = sorted(b.monotonic - a.monotonic for a, b in itertools.pairwise(
+            [h for h in web.hits_for(host=shop) if h.path != "/robots.txt"]))
+    logs = {name: (tmp_path / f"{name}.log").read_text() for name in ("generic", "catalogue")}
+    shop_host, own_host = shop.split("//")[1], own.split("//")[1]
+    for name, other in (("generic", "catalogue"), ("catalogue", "generic")):
+        log = logs[name]
+        assert "Traceback" not in log, log[-3000:]
+        said = [line for line in log.splitlines() if "each spider's frontier" in line]
+        assert len(said) == 1, said or log[-3000:]
+        assert f"{shop_host} is crawled by spider {other!r} too (1 worker(s) now)" in said[0]
+        assert own_host not in "\n".join(said)
+        assert crawlcheck.stat(log, "webfarm/frontier/shared_hosts") == 1
+    # What is said: the two spiders' requests to the shop came closer than the delay.
+    assert gaps[0] < 0.25 * 0.5, gaps[:5]

@@ -81,6 +81,7 @@ from webfarm.queue import (
 )
 from webfarm.redisconn import REDIS_ERRORS, async_redis_client, redis_client
 from webfarm.serialize import SerializationError
+from webfarm.sharedhosts import SharedHosts
 from webfarm.urls import spider_scope
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,7 @@ class Scheduler(BaseScheduler):
         self._empty_since: float | None = None
         self.waiting = advice.WaitingNotice(settings.getfloat("LOGSTATS_INTERVAL", 60.0))
         self._loop: LoopingCall | None = None
+        self.shared: SharedHosts | None = None  # hosts another spider crawls too
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Scheduler:
@@ -174,6 +176,7 @@ class Scheduler(BaseScheduler):
         aio = None
         if is_asyncio_reactor_installed() and type(self.frontier).exchange is Frontier.exchange:
             aio = AsyncFrontier(self.frontier, async_redis_client(self.crawler.settings))
+        self.shared = SharedHosts(self.server, self.frontier.prefix, self.stats.inc_value)
         self.link = FrontierLink(self.frontier, self.worker, self.stats, aio,
                                  on_exchange=self._exchanged,
                                  leases_held=lambda: len(self._inflight),
@@ -184,6 +187,7 @@ class Scheduler(BaseScheduler):
         self.polite.open(self.link, self.frontier)
         self._loop = LoopingCall(self.link.tick)
         self._loop.start(self.flush_interval, now=False)
+        self.shared.open()
         counts = self.frontier.counts()
         kw = self.server.connection_pool.connection_kwargs
         logger.info(
@@ -196,6 +200,8 @@ class Scheduler(BaseScheduler):
         """Flush what is held and give back unfinished leases at once; delete nothing."""
         if self._loop is not None and self._loop.running:
             self._loop.stop()
+        if self.shared is not None:
+            self.shared.close()
         if self._wake_call is not None and self._wake_call.active():
             self._wake_call.cancel()
         if self.link is None or self.link.aio is None:
@@ -389,6 +395,9 @@ class Scheduler(BaseScheduler):
             self._next_poll = 0.0
             self._empty_since = None  # work came: the frontier's idle time starts again
             self.link.forget_idle_answer()
+        if self.shared is not None:
+            for popped in result.popped:
+                self.shared.note(popped.host)
         if not later:
             return  # the caller of the blocking exchange takes its leases
         if result.popped:
