@@ -103,8 +103,17 @@ def _is_address(text: object) -> bool:
     return True
 
 
+def _again(name: str, stores_pages: bool, then: str = "") -> str:
+    """How to fetch a spider's pages again. ``scrapy recrawl`` takes the stored pages that
+    are due; a spider not on WebfarmSpider stores none, and a CrawlSpider told to run it
+    got "0 due"."""
+    if stores_pages:
+        return f"`scrapy recrawl {name}` (stored pages that are due), {then}"
+    return ""
+
+
 def explain_nothing_fetched(stats: StatsCollector | None, name: str,
-                            frontier: Frontier | None) -> None:
+                            frontier: Frontier | None, stores_pages: bool = True) -> None:
     """A crawl run again with the same start URLs fetches nothing: the frontier keeps
     every URL it saw, so that no worker fetches one twice. Without a word, that looked
     like a broken crawl (stats showed one 'duplicates')."""
@@ -120,26 +129,29 @@ def explain_nothing_fetched(stats: StatsCollector | None, name: str,
     logger.warning(
         "This worker fetched nothing: the %d URL(s) it started from were seen before by "
         "%s's frontier, which never fetches a URL twice. To fetch them again: "
-        "`scrapy recrawl %s` (stored pages that are due), `scrapy seed %s --force URL ...`"
+        "%s`scrapy seed %s --force URL ...`"
         "%s, or `scrapy frontier %s --reset --yes` to start this spider's crawl over",
-        seen, name, name, name,
+        seen, name, _again(name, stores_pages), name,
         f", `scrapy dlq {name} --requeue` (the {dead} URL(s) that failed)" if dead else "",
         name)
 
 
 def explain_at_close(stats: StatsCollector | None, name: str, frontier: Frontier | None,
-                     idle_seconds: float) -> None:
-    """What a worker that stops because its frontier is idle says about it."""
+                     idle_seconds: float, stores_pages: bool = True) -> None:
+    """What a worker that stops because its frontier is idle says about it;
+    ``stores_pages``: the spider stores its pages (a WebfarmSpider), which ``scrapy
+    recrawl`` can fetch again."""
     scope = frontier.scope if frontier is not None else []
     logger.info("Frontier empty%s for %.0fs: closing this worker",
                 f" for this worker's hosts ({_named(scope)})" if scope else "", idle_seconds)
     if name:
-        explain_nothing_fetched(stats, name, frontier)
-        explain_links_seen(stats, name)
+        explain_nothing_fetched(stats, name, frontier, stores_pages)
+        explain_links_seen(stats, name, stores_pages)
         explain_other_hosts(stats, name, frontier)
 
 
-def explain_links_seen(stats: StatsCollector | None, name: str) -> None:
+def explain_links_seen(stats: StatsCollector | None, name: str,
+                       stores_pages: bool = True) -> None:
     """A Scrapy-style spider run again fetches its start URLs (Scrapy's start requests are
     ``dont_filter``) and nothing else: every link on them was seen by the frontier in the
     run before. Without a word, that looked like a crawl that found no links."""
@@ -158,8 +170,8 @@ def explain_links_seen(stats: StatsCollector | None, name: str) -> None:
         "This worker fetched its start URL(s) and nothing else: the %d link(s) found were "
         "seen before by %s's frontier, which never fetches a URL twice (the start URLs were "
         "fetched again because start requests are dont_filter, as in Scrapy). To fetch the "
-        "site again: `scrapy recrawl %s` (stored pages that are due), or `scrapy frontier "
-        "%s --reset --yes` to start this spider's crawl over", known, name, name, name)
+        "site again: %s`scrapy frontier %s --reset --yes` to start this spider's crawl over",
+        known, name, _again(name, stores_pages, "or "), name)
 
 
 class WaitingNotice:

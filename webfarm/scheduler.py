@@ -459,7 +459,8 @@ class Scheduler(BaseScheduler):
             self._idle_until(min(1.0, self.idle_timeout))
             raise DontCloseSpider
         advice.explain_at_close(self.stats, self.spider.name if self.spider else "",
-                                self.frontier, now - self._empty_since)
+                                self.frontier, now - self._empty_since,
+                                stores_pages=callable(getattr(self.spider, "page_item", None)))
 
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None and count:
