@@ -14,6 +14,7 @@ and the other items of its page and batch are stored.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from typing import Any
 
 from scrapy.crawler import Crawler
@@ -33,8 +34,11 @@ from webfarm.batching import (
 )
 from webfarm.items import PageItem, source_of
 from webfarm.itemstore import ItemEntry, ItemError, ItemStore, index_fields, make_entry
+from webfarm.keyclash import KeyClashes, clash_advice
 from webfarm.threads import StorageCalls, storage_calls
 from webfarm.urls import canonical_url
+
+logger = logging.getLogger(__name__)
 
 
 class ItemStorePipeline:
@@ -59,6 +63,10 @@ class ItemStorePipeline:
             idle=engine_idle(crawler),
         )
         recheck_on_responses(crawler, self.batcher)
+        # Keys two pages gave other values (two shops' SKUs that meet): said once per
+        # collection. Fewer keys kept than a re-parse keeps: a worker lives long.
+        self.clashes = KeyClashes(max_keys=20_000)
+        self._said_clash: set[str] = set()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ItemStorePipeline:
@@ -97,6 +105,12 @@ class ItemStorePipeline:
         except ItemError:
             self.stats.inc_value("webfarm/items/invalid")
             raise
+        other = self.clashes.meet(entry)
+        if other is not None:
+            self.stats.inc_value("webfarm/items/key_clashes")
+            if entry.collection not in self._said_clash:
+                self._said_clash.add(entry.collection)
+                logger.warning("%s (said once per collection)", clash_advice(entry, other))
         outcome = await self.batcher.submit(entry)
         if isinstance(outcome, ItemError):  # refused by the server's rules; the rest stored
             self.stats.inc_value("webfarm/items/refused")

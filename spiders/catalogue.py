@@ -1,7 +1,7 @@
 """Example site spider: the products of the demo catalogue, upserted on their SKU.
 
     scrapy crawl catalogue                                  # the `make demo` shop
-    scrapy crawl catalogue -a start=http://127.0.0.3:8081/  # another shop
+    scrapy crawl catalogue -a start=http://127.0.0.3:8081/  # the other demo shop, instead
 
 What it teaches:
 
@@ -9,7 +9,10 @@ What it teaches:
   class already stores every page (raw, in the blob store) and follows links;
 * an item declares where it is stored (``item_collection``) and what identifies it
   (``key_fields``): a product crawled twice, or reached through a mirror such as
-  ``/print/product/<sku>``, is one document, updated in place;
+  ``/print/product/<sku>``, is one document, updated in place. A SKU is one shop's
+  identifier: the two demo shops' SKUs meet, so their products share one document each
+  (a crawl or re-parse of both says so: "came from two pages with other values"); a
+  spider of several shops adds the shop to its key, ``key_fields = ("shop", "sku")``;
 * prices are kept exact (integer cents), not as floats;
 * ``render = "http"``: the site needs no JavaScript, so the browser is never used.
 """

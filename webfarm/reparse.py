@@ -63,6 +63,7 @@ from webfarm.itemstore import (
     keyless_advice,
     make_entry,
 )
+from webfarm.keyclash import KeyClashes, clash_advice
 from webfarm.queue import callback_for
 from webfarm.reparsepages import PageReader, page_query, rebuild_response
 from webfarm.reparsepipes import PipelineNeedsReactor, ProjectPipelines
@@ -85,6 +86,7 @@ class ReparseStats:
     superseded: int = 0  # items of pages a crawl stored again meanwhile: left as it wrote
     folded: int = 0  # keyless items of one page stored as one document (the last one's)
     old_keys: int = 0  # documents stored under a key the spider's items no longer use
+    clashes: int = 0  # items whose key another page gave other values in this run
     retries: int = 0
     writing: int = 0  # items extracted and not written yet (a progress line's "+N")
     started: float = field(default_factory=time.monotonic)
@@ -97,6 +99,7 @@ class ReparseStats:
         rate = self.pages / self.seconds if self.seconds > 0 else 0.0
         newer = (f", {self.superseded} left to a newer fetch" if self.superseded else "")
         newer += f", {self.folded} folded (no key)" if self.folded else ""
+        newer += f", {self.clashes} keys from two pages" if self.clashes else ""
         # Items are counted as written, in batches: progress lines said "0 items" until
         # the first batch landed.
         writing = f" (+{self.writing} being written)" if self.writing else ""
@@ -189,6 +192,8 @@ class Reparser:
         self._callbacks: dict[tuple[str, tuple[str, ...]], Callable[..., Any] | None] = {}
         self._keys: dict[str, tuple[str, ...]] = {}  # collection -> the key its items use
         self._said_keyless: set[str] = set()
+        self._clashes = KeyClashes()  # keys two pages gave other values
+        self._said_clash: set[str] = set()
 
     def run(self, since: dt.datetime | None = None, url_pattern: str | None = None,
             shard: tuple[int, int] | None = None) -> ReparseStats:
@@ -288,6 +293,13 @@ class Reparser:
                                n + 1, url, collection, keyless_advice())
         for entry in entries:
             self._keys.setdefault(entry.collection, entry.key_fields)
+            other = self._clashes.meet(entry)
+            if other is not None:
+                stats.clashes += 1
+                if entry.collection not in self._said_clash:
+                    self._said_clash.add(entry.collection)
+                    logger.warning("reparse: %s (said once per collection)",
+                                   clash_advice(entry, other))
         return entries
 
     def _old_keys(self, stats: ReparseStats) -> None:

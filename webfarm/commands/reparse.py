@@ -208,6 +208,7 @@ class Command(ScrapyCommand):
               + (f" superseded={stats.superseded}" if stats.superseded else "")
               + (f" folded={stats.folded}" if stats.folded else "")
               + (f" old_keys={stats.old_keys}" if stats.old_keys else "")
+              + (f" clashes={stats.clashes}" if stats.clashes else "")
               + (" (dry run: nothing written)" if opts.dry_run else ""))
         if stats.errors or stats.missing_blobs or stats.damaged_blobs:
             self.exitcode = 1
