@@ -232,6 +232,28 @@ def test_reparse_waits_out_store_outages_and_stops_past_the_limit(
         finally:
             proc.kill()
         assert "stopped after" in log.read_text() and ": interrupted." in log.read_text()
+
+        # Left alone, a hang is an outage: said, waited out, and past the limit the run
+        # stops. It waited for the S3 client's read timeout (30 s) a try, unsaid, and a
+        # limit shorter than that was never kept.
+        relay.delay = 0.2
+        log = tmp_path / "hung.log"
+        proc = runner.popen(["reparse", "test_products", *SPIDERS, "--progress-every", "5",
+                             "-s", "WEBFARM_STORAGE_RETRY_SECONDS=2"], env, log)
+        try:
+            wait_log(log, "reparse: 5 pages", proc)
+            relay.delay = 1000
+            hung = time.monotonic()
+            assert proc.wait(30) == 3, log.read_text()[-3000:]
+            took = time.monotonic() - hung
+        finally:
+            proc.kill()
+        output = log.read_text()
+        assert re.search(rf"reading blobs from s3://{s3_bucket}/rp failed \(TimeoutError: no "
+                         r"answer in 2s reading raw/", output), output[-3000:]
+        assert re.search(r"reparse stopped after \d+ pages: reading blobs from .* failed for "
+                         r"[\d.]+s \(WEBFARM_STORAGE_RETRY_SECONDS=2\)", output), output[-2000:]
+        assert took < 15, took  # 2 s unanswered, then 2 s of outage
     finally:
         mongo_writes("off")
         relay.close()

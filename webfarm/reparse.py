@@ -65,7 +65,7 @@ from webfarm.itemstore import (
 )
 from webfarm.keyclash import KeyClashes, clash_advice
 from webfarm.queue import callback_for
-from webfarm.reparsepages import PageReader, page_query, rebuild_response
+from webfarm.reparsepages import HUNG_AFTER, PageReader, page_query, rebuild_response
 from webfarm.reparsepipes import PipelineNeedsReactor, ProjectPipelines
 from webfarm.urls import url_fingerprint
 
@@ -210,7 +210,8 @@ class Reparser:
                 raise
             hint = None  # which may be none (never crawled): no hint then
         self._reader = PageReader(self.index, self.blobs, self._index, self._blobs.call,
-                                  self.page_batch, self.blob_reads, hint)
+                                  self.page_batch, self.blob_reads, hint,
+                                  hung_after=min(HUNG_AFTER, self.retry_seconds or HUNG_AFTER))
         if self.pipelines is not None:
             self.pipelines.open()
         pending: list[ItemEntry] = []

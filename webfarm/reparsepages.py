@@ -99,6 +99,9 @@ def rebuild_response(doc: dict[str, Any], body: bytes | Blob, request: Request |
                request=request, flags=flags or ["reparse"], **kwargs)
 
 
+HUNG_AFTER = 10.0  # s a blob read may go unanswered before it counts as failing
+
+
 class PageReader:
     """Stored pages and their bodies, for one run. ``index_outage`` is told of each
     failure and success of the page cursor; ``retry_read`` runs a blob read again until
@@ -106,11 +109,16 @@ class PageReader:
 
     def __init__(self, index: IndexStore, blobs: BlobStore, index_outage: batching.Outage,
                  retry_read: Callable[[Callable[[], Blob]], Blob], page_batch: int = 500,
-                 blob_reads: int = 8, hint: list[tuple[str, int]] | None = None) -> None:
+                 blob_reads: int = 8, hint: list[tuple[str, int]] | None = None,
+                 hung_after: float = HUNG_AFTER) -> None:
         self.index = index
         self.blobs = blobs
         self.index_outage = index_outage
         self.retry_read = retry_read
+        # A read with no answer this long fails, for the outage wait: an endpoint that
+        # stopped answering held the run, unsaid, for the client's read timeout a try.
+        self.hung_after = hung_after
+        self._pool: ThreadPoolExecutor | None = None
         self.page_batch = page_batch
         self.blob_reads = max(1, blob_reads)  # at once, WEBFARM_BLOB_CONCURRENCY
         self.hint = hint  # the content_hash index, when it could be made sure of
@@ -152,6 +160,7 @@ class PageReader:
         20 ms endpoint gave 75 pages/s (bench/bench_reparse.py). The pages that share a
         body come together (content-hash order) and share one read; the window bounds
         the bodies held in memory."""
+        self._pool = pool
         window: deque[tuple[dict[str, Any], Future[Blob]]] = deque()
         key: str | None = None
         read: Future[Blob] | None = None
@@ -170,8 +179,34 @@ class PageReader:
         if self._reread is not None and self._reread[0] == key:
             return self._reread[1]
         try:
-            return read.result()
+            return self._answer(read, key)
         except TRANSIENT:
-            body = self.retry_read(lambda: self.blobs.read(key))
+            pending = [read]
+
+            def again() -> Blob:  # the read still out, else a new one
+                if pending[0].done() and pending[0].exception() is not None:
+                    pending[0] = (self._pool.submit(self.blobs.read, key)
+                                  if self._pool is not None else _now(self.blobs.read, key))
+                return self._answer(pending[0], key)
+
+            body = self.retry_read(again)
             self._reread = (key, body)
             return body
+
+    def _answer(self, read: Future[Blob], key: str) -> Blob:
+        try:
+            return read.result(timeout=self.hung_after)
+        except TimeoutError:
+            if read.done():
+                raise  # the read's own
+            raise TimeoutError(f"no answer in {self.hung_after:g}s reading {key}") from None
+
+
+def _now(fn: Callable[[str], Blob], key: str) -> Future[Blob]:
+    """``fn(key)`` run here, as a done Future."""
+    done: Future[Blob] = Future()
+    try:
+        done.set_result(fn(key))
+    except Exception as exc:
+        done.set_exception(exc)
+    return done
