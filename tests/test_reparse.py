@@ -137,6 +137,9 @@ def test_reparse_reextracts_without_network(web, redis_url, mongo_uri, mongo_db_
     damaged = runner.scrapy(["reparse", "test_products", *SPIDERS, "--url-pattern", "/about$"],
                             env)
     assert damaged.returncode == 1 and "is damaged" in damaged.stderr
+    # The summary counts it (errors=0 alone, a script reading it missed the skipped page).
+    assert re.search(r"^created=.* errors=0 damaged_blobs=1$", damaged.stdout, re.M), (
+        damaged.stdout)
     assert ("to repair a missing or damaged blob, delete it from the blob store (if damaged), "
             "then fetch its page again: scrapy seed test_products --force URL") in damaged.stderr
 

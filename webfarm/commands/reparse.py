@@ -209,6 +209,9 @@ class Command(ScrapyCommand):
               + (f" folded={stats.folded}" if stats.folded else "")
               + (f" old_keys={stats.old_keys}" if stats.old_keys else "")
               + (f" clashes={stats.clashes}" if stats.clashes else "")
+              # Pages skipped for their blob: exit code 1, and errors=0 said nothing of them.
+              + (f" missing_blobs={stats.missing_blobs}" if stats.missing_blobs else "")
+              + (f" damaged_blobs={stats.damaged_blobs}" if stats.damaged_blobs else "")
               + (" (dry run: nothing written)" if opts.dry_run else ""))
         if stats.errors or stats.missing_blobs or stats.damaged_blobs:
             self.exitcode = 1
