@@ -58,6 +58,7 @@ def page_hits(web, base):
     return [h for h in web.hits_for(host=base) if h.path not in ("/robots.txt", "/favicon.ico")]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("setting", ["WEBFARM_HOST_DELAY", "DOWNLOAD_DELAY, DOWNLOAD_SLOTS"])
 def test_two_workers_keep_the_host_delay_at_the_server(paced_shop, stores, tmp_path,
                                                       setting):
@@ -468,6 +469,7 @@ def test_redis_outage_while_idle_does_not_keep_the_worker(shop, stores, own_valk
     assert "Frontier empty for" in log and "Traceback" not in log
 
 
+@pytest.mark.serial
 def test_the_reactor_does_not_wait_for_redis(shop, stores, valkey_server, tmp_path):
     """Each Redis reply takes 150 ms here. Nothing a crawl asks Redis for on its way must
     hold the reactor meanwhile: the exchanges that lease, ack and push, the latency

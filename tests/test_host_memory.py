@@ -83,6 +83,7 @@ def _mini_site(web: TestWeb, base: str) -> list[str]:
     return [f"{base}/"]
 
 
+@pytest.mark.serial
 def test_a_broad_crawl_forgets_hosts_and_keeps_their_crawl_delay(sites, stores):
     """Twelve hosts through a memory of three: the latency rule forgets hosts between two
     responses of the host whose robots.txt asks for Crawl-delay: 1, and that host's

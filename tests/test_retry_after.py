@@ -55,6 +55,7 @@ def first_hit_refused(status: int, retry_after):
     return handler, state
 
 
+@pytest.mark.serial
 def test_retry_after_defers_the_host(web, stores, tmp_path):  # noqa: F811 - fixture
     capped, dated = web.base_urls
     urls_capped = mini_site(web, capped, pages=3, private=0)

@@ -282,6 +282,7 @@ def slow_robots_site(web, base: str, seconds: float) -> list[str]:
     return urls
 
 
+@pytest.mark.serial
 def test_requests_held_for_a_slow_robots_txt_keep_the_host_delay(web, stores):
     """While robots.txt took its time, the frontier handed the host's pages out one per
     WEBFARM_HOST_DELAY, and the worker held them all: they went out at once when it
@@ -298,6 +299,7 @@ def test_requests_held_for_a_slow_robots_txt_keep_the_host_delay(web, stores):
     assert stat(result.output, "webfarm/frontier/given_back") >= 1  # no attempt spent
 
 
+@pytest.mark.serial
 def test_links_robots_txt_disallows_spend_no_turn_of_their_host(web, stores):
     """Each disallowed link was queued, handed out, and refused at download: no request,
     but its host's turn was spent, and a site linking a disallowed URL between every two
@@ -321,6 +323,7 @@ def test_links_robots_txt_disallows_spend_no_turn_of_their_host(web, stores):
     assert stat(result.output, "webfarm/frontier/robots_disallowed") == 4
 
 
+@pytest.mark.serial
 def test_two_workers_keep_the_host_delay_after_a_slow_robots_txt(web, stores, tmp_path):
     """The host's clock started at each hand-out, not when the request left: the first
     page left when robots.txt came, long after its hand-out, and the page the other worker
@@ -341,6 +344,7 @@ def test_two_workers_keep_the_host_delay_after_a_slow_robots_txt(web, stores, tm
     assert stat(logs, "webfarm/robots/spaced") >= 2  # the fetcher's page and the other's
 
 
+@pytest.mark.serial
 def test_a_request_held_in_the_worker_takes_its_host_s_turn_as_it_leaves(web, stores):
     """The frontier spaces a host's hand-outs; a request held in the worker after its
     hand-out (here 1.2 s, by a test middleware) reached the host just before the next
@@ -467,6 +471,7 @@ def test_huge_and_garbage_robots_txt(web, stores):
     assert stat(result.output, "webfarm/robots/truncated") == 1
 
 
+@pytest.mark.serial
 def test_crawl_delay_at_the_server(web, stores):
     chosen, capped = web.base_urls
     web.route("/robots.txt", Response.text("User-agent: *\nCrawl-delay: 30\n\n"
