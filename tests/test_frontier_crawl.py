@@ -96,11 +96,10 @@ def test_two_workers_keep_the_host_delay_at_the_server(paced_shop, stores, tmp_p
         # comes late, and the next one, on its own turn, comes early after it. So one gap
         # may be short, if the gap before it makes up for it (CI once saw 1.85 s, 0.16 s):
         # the host still had no more than two requests in two delays. Were each worker to
-        # keep only its own delay, half the gaps would be short. With the suite in two
-        # processes beside other crawls, two such pairs were seen in one crawl (0.21 s and
-        # 0.25 s of 0.4 s) while the browser rendered: at most two pass.
+        # keep only its own delay, half the gaps would be short. (Beside the parallel part
+        # of the suite, a browser's requests bunched: it is marked serial.)
         short = [i for i, g in enumerate(gaps) if g < delay * 0.9]
-        assert len(short) <= 2, (base, sorted(gaps)[:5])
+        assert len(short) <= 1, (base, sorted(gaps)[:5])
         assert all(i > 0 and gaps[i - 1] + gaps[i] >= 2 * delay * 0.9 for i in short), (
             base, gaps)
     dequeued = [json_stat(tmp_path / log, "webfarm/frontier/dequeued") for log in ("a.log",
