@@ -24,6 +24,8 @@ from twisted.internet import reactor, threads
 from twisted.internet.base import DelayedCall
 from twisted.python.failure import Failure
 
+from webfarm.frontier.reading import as_text
+from webfarm.hostmemory import RecentHosts
 from webfarm.redisconn import REDIS_ERRORS
 
 logger = logging.getLogger(__name__)
@@ -32,6 +34,7 @@ REGISTRY = "webfarm:frontiers"  # SET of frontier prefixes, 'webfarm:{SPIDER}:'
 FIRST_LOOK = 1.0  # seconds after the spider opens; then 2, 4, 8 ... seconds apart
 EVERY = 60.0  # seconds between looks, at most
 MAX_HOSTS = 1000  # hosts kept between two looks (the most recent are enough to see it)
+MAX_SAID = 10_000  # host and spider pairs remembered as said (a broad crawl meets many)
 
 
 def spider_of(prefix: str) -> str:
@@ -46,7 +49,7 @@ class SharedHosts:
     def __init__(self, server: redis.Redis, prefix: str, inc: Callable[[str, int], None]) -> None:
         self.server, self.prefix, self._inc = server, prefix, inc
         self.hosts: set[str] = set()
-        self.said: set[tuple[str, str]] = set()
+        self.said: RecentHosts[None] = RecentHosts(MAX_SAID)  # 'HOST SPIDER' said
         self._call: DelayedCall | None = None
         self._busy = False
         self._every = FIRST_LOOK
@@ -90,8 +93,8 @@ class SharedHosts:
         """Host -> (other spider, its live workers), for ``hosts`` another spider's live
         workers crawl; registers this worker's frontier first. Blocking: call in a thread."""
         self.server.sadd(REGISTRY, self.prefix)
-        others = sorted(p.decode() for p in self.server.smembers(REGISTRY)
-                        if p.decode() != self.prefix)
+        others = sorted(p for p in map(as_text, self.server.smembers(REGISTRY))
+                        if p != self.prefix)
         if not hosts or not others:
             return {}
         seconds, micros = self.server.time()
@@ -113,9 +116,9 @@ class SharedHosts:
 
     def _say(self, found: dict[str, tuple[str, int]]) -> None:
         for host, (spider, live) in sorted(found.items()):
-            if (host, spider) in self.said:
+            if f"{host} {spider}" in self.said:
                 continue
-            self.said.add((host, spider))
+            self.said.add(f"{host} {spider}")
             self._inc("webfarm/frontier/shared_hosts", 1)
             logger.warning(
                 "%s is crawled by spider %r too (%d worker(s) now): each spider's frontier "
@@ -126,9 +129,9 @@ class SharedHosts:
                 "host and spider)", host, spider, live)
 
 
-def _expires(value: bytes) -> int:
+def _expires(value: bytes | str) -> int:
     """A ``defaults`` value 'MS EXPIRES_MS' -> EXPIRES_MS (0 when malformed)."""
     try:
-        return int(value.split()[1])
+        return int(as_text(value).split()[1])
     except (IndexError, ValueError):
         return 0
