@@ -24,6 +24,17 @@ FAST = ["-s", "WEBFARM_RETRY_TIMES=2", "-s", "WEBFARM_RETRY_BACKOFF_BASE=0.05",
         "-s", "WEBFARM_RETRY_BACKOFF_MAX=0.1"]
 
 
+def all_finish(procs: list, timeout: float = 120) -> list[int]:
+    """The crawls' exit codes; any still running past ``timeout`` is killed."""
+    try:
+        return [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
 def fetched(web: TestWeb, base: str) -> list[str]:
     return sorted(h.path for h in web.hits_for(host=base) if h.path != "/robots.txt")
 
@@ -218,13 +229,7 @@ def test_two_crawls_of_one_host_on_two_ports_each_crawl_all_their_pages(stores, 
         env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0.05")
         procs = [runner.popen(["crawl", "generic", "-a", f"start={web.base_urls[0]}/"], env,
                               tmp_path / f"{i}.log") for i, web in enumerate((fast, slow))]
-        try:
-            assert [p.wait(timeout=120) for p in procs] == [0, 0]
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(10)
+        assert all_finish(procs) == [0, 0]
         db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
         stored = {d["url"] for d in db.pages.find({}, {"url": 1})}
         for web in (fast, slow):
@@ -251,13 +256,7 @@ def test_two_spiders_on_one_host_at_once_are_told_their_delays_do_not_add_up(sto
                               tmp_path / "generic.log"),
                  runner.popen(["crawl", "catalogue", "-a", f"start={shop}/"], env,
                               tmp_path / "catalogue.log")]
-        try:
-            assert [p.wait(timeout=120) for p in procs] == [0, 0]
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(10)
+        assert all_finish(procs) == [0, 0]
         gaps = sorted(b.monotonic - a.monotonic for a, b in itertools.pairwise(
             [h for h in web.hits_for(host=shop) if h.path != "/robots.txt"]))
     logs = {name: (tmp_path / f"{name}.log").read_text() for name in ("generic", "catalogue")}
