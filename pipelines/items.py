@@ -34,7 +34,7 @@ from webfarm.batching import (
 )
 from webfarm.items import PageItem, source_of
 from webfarm.itemstore import ItemEntry, ItemError, ItemStore, index_fields, make_entry
-from webfarm.keyclash import KeyClashes, clash_advice
+from webfarm.keyclash import KeyClashes
 from webfarm.threads import StorageCalls, storage_calls
 from webfarm.urls import canonical_url
 
@@ -66,7 +66,6 @@ class ItemStorePipeline:
         # Keys two pages gave other values (two shops' SKUs that meet): said once per
         # collection. Fewer keys kept than a re-parse keeps: a worker lives long.
         self.clashes = KeyClashes(max_keys=20_000)
-        self._said_clash: set[str] = set()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ItemStorePipeline:
@@ -108,9 +107,8 @@ class ItemStorePipeline:
         other = self.clashes.meet(entry)
         if other is not None:
             self.stats.inc_value("webfarm/items/key_clashes")
-            if entry.collection not in self._said_clash:
-                self._said_clash.add(entry.collection)
-                logger.warning("%s (said once per collection)", clash_advice(entry, other))
+            if said := self.clashes.advice_once(entry, other):
+                logger.warning("%s", said)
         outcome = await self.batcher.submit(entry)
         if isinstance(outcome, ItemError):  # refused by the server's rules; the rest stored
             self.stats.inc_value("webfarm/items/refused")

@@ -24,6 +24,7 @@ fifth per index).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import re
@@ -66,6 +67,11 @@ class ItemEntry:
     content_hash: str | None
     extracted_at: dt.datetime
     extractor_version: str | None
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """:func:`item_hash` of the fields, once: the key-clash check and the write read it."""
+        return item_hash(self.fields)
 
 
 def collection_of(item: Any, spider: Any = None) -> str:
@@ -305,7 +311,7 @@ class ItemStore:
                     # worker stalled past its lease, and another fetched it again since.
                     results[i] = SUPERSEDED
                     continue
-                digest = item_hash(entry.fields)
+                digest = entry.digest
                 results[i] = _outcome(stored, k, digest)
                 doc = {**entry.fields, "source_url": entry.source_url,
                        "content_hash": entry.content_hash, "extracted_at": entry.extracted_at,
@@ -357,7 +363,7 @@ class ItemStore:
         known = {at: doc.get("item_hash") for at, doc in found.items()}
         known.update((at, written[at]) for at in ats if at in written)
         for entry, at in zip(entries, ats, strict=True):
-            digest = item_hash(entry.fields)
+            digest = entry.digest
             outcome = _outcome(known, at, digest)
             if outcome != UNCHANGED:
                 written[at] = digest

@@ -15,26 +15,25 @@ from __future__ import annotations
 import hashlib
 import json
 
-from webfarm.itemstore import ItemEntry, item_hash
+from webfarm.itemstore import ItemEntry
 
 MAX_KEYS = 200_000  # keys remembered per run (a clash repeats: the first ones show it)
 
 
-def _digest(text: str) -> bytes:
-    return hashlib.blake2b(text.encode(), digest_size=8).digest()
-
-
 class KeyClashes:
-    """The item keys met in one run, each with its values' hash and page."""
+    """The item keys met in one run, each with its values' hash and page; and the
+    collections whose clash was said."""
 
     def __init__(self, max_keys: int = MAX_KEYS) -> None:
         self.max_keys = max_keys
         self._met: dict[bytes, tuple[bytes, str]] = {}
+        self._said: set[str] = set()
 
     def meet(self, entry: ItemEntry) -> str | None:
         """The other page's URL when ``entry``'s key came from it with other values."""
-        key = _digest(json.dumps([entry.collection, entry.key], sort_keys=True, default=str))
-        values = _digest(item_hash(entry.fields))
+        key = hashlib.blake2b(json.dumps([entry.collection, entry.key], sort_keys=True,
+                                         default=str).encode(), digest_size=8).digest()
+        values = bytes.fromhex(entry.digest)[:8]
         met = self._met.get(key)
         if met is None:
             if len(self._met) < self.max_keys:
@@ -44,11 +43,15 @@ class KeyClashes:
             return None
         return met[1]
 
-
-def clash_advice(entry: ItemEntry, other_url: str) -> str:
-    fields = ", ".join(entry.key_fields)
-    return (f"{entry.collection!r} item {entry.key!r} came from two pages with other values "
-            f"({other_url}, {entry.source_url}): its key ({fields}) does not tell them "
-            "apart, so the document holds the page read last, and each re-parse or crawl may "
-            "change it back. Add the field that does to key_fields (for a spider of several "
-            "sites, the host: key_fields = ('shop', 'sku'))")
+    def advice_once(self, entry: ItemEntry, other_url: str) -> str | None:
+        """What to say of a clash, the first time one of ``entry``'s collection is met."""
+        if entry.collection in self._said:
+            return None
+        self._said.add(entry.collection)
+        fields = ", ".join(entry.key_fields)
+        return (f"{entry.collection!r} item {entry.key!r} came from two pages with other "
+                f"values ({other_url}, {entry.source_url}): its key ({fields}) does not tell "
+                "them apart, so the document holds the page read last, and each re-parse or "
+                "crawl may change it back. Add the field that does to key_fields (for a "
+                "spider of several sites, the host: key_fields = ('shop', 'sku')) (said once "
+                "per collection)")

@@ -63,7 +63,7 @@ from webfarm.itemstore import (
     keyless_advice,
     make_entry,
 )
-from webfarm.keyclash import KeyClashes, clash_advice
+from webfarm.keyclash import KeyClashes
 from webfarm.queue import callback_for
 from webfarm.reparsepages import HUNG_AFTER, PageReader, page_query, rebuild_response
 from webfarm.reparsepipes import PipelineNeedsReactor, ProjectPipelines
@@ -193,7 +193,6 @@ class Reparser:
         self._keys: dict[str, tuple[str, ...]] = {}  # collection -> the key its items use
         self._said_keyless: set[str] = set()
         self._clashes = KeyClashes()  # keys two pages gave other values
-        self._said_clash: set[str] = set()
 
     def run(self, since: dt.datetime | None = None, url_pattern: str | None = None,
             shard: tuple[int, int] | None = None) -> ReparseStats:
@@ -297,10 +296,8 @@ class Reparser:
             other = self._clashes.meet(entry)
             if other is not None:
                 stats.clashes += 1
-                if entry.collection not in self._said_clash:
-                    self._said_clash.add(entry.collection)
-                    logger.warning("reparse: %s (said once per collection)",
-                                   clash_advice(entry, other))
+                if said := self._clashes.advice_once(entry, other):
+                    logger.warning("reparse: %s", said)
         return entries
 
     def _old_keys(self, stats: ReparseStats) -> None:
