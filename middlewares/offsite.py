@@ -25,19 +25,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from typing import NoReturn
-from urllib.parse import urlsplit
 
 from scrapy import Request, Spider
 from scrapy.crawler import Crawler
 from scrapy.downloadermiddlewares.offsite import OffsiteMiddleware
 from scrapy.exceptions import IgnoreRequest
 from scrapy.statscollectors import StatsCollector
-from scrapy.utils.httpobj import urlparse_cached
 
 from webfarm.exceptions import DeadLetter, RetryLater
 from webfarm.hostmemory import DEFAULT_SIZE, RecentHosts, host_memory_size
 from webfarm.queue import LEASE
-from webfarm.urls import host_of, spider_scope
+from webfarm.urls import host_named, spider_scope
 
 logger = logging.getLogger(__name__)
 
@@ -93,9 +91,7 @@ class FrontierOffsiteMiddleware(OffsiteMiddleware):
         except IgnoreRequest:
             pass
         named = self._scope[0]
-        # Hosts named with a port: the port tells the crawls of one host apart.
-        host = (host_of(request.url) if any(":" in name for name in named)
-                else urlparse_cached(request).hostname or "")
+        host = host_named(request.url, named)  # with a port, it tells two crawls apart
         hosts = ", ".join(named) or "none"
         if host not in self._said:  # Scrapy's domains_seen holds hosts it dropped unsaid
             self._said.add(host)
@@ -129,14 +125,15 @@ class LeftTheHosts:
         count as the spider's links do (:func:`webfarm.urls.spider_scope`): a redirect to
         another port of its host was followed, and the frontier then gave the page back
         as another crawl's until it was dead-lettered."""
-        if self._scope is None:
-            self._scope = spider_scope(self.crawler.spider)
-        named, within = self._scope
+        named, within = self._spider_scope()
         if within is None or allowed or within(target) or not within(request.url):
             return None
-        if any(":" in name for name in named):  # hosts named with a port: name the port
-            return host_of(target)
-        return urlsplit(target).hostname or ""
+        return host_named(target, named)
+
+    def _spider_scope(self) -> tuple[list[str], Callable[[str], bool] | None]:
+        if self._scope is None:  # the spider exists once a request is met
+            self._scope = spider_scope(self.crawler.spider)
+        return self._scope
 
     def refuse(self, request: Request, target: str, host: str, chain: str,
                log: str) -> NoReturn:
@@ -144,7 +141,7 @@ class LeftTheHosts:
         fix) is said the first time a host is met."""
         spider = self.crawler.spider
         assert spider is not None
-        named = self._scope[0] if self._scope else spider_scope(spider)[0]
+        named = self._spider_scope()[0]
         fix = (f"to {self.verb} it, add {host} to the spider's hosts (-a domains=… or "
                f"allowed_domains; now {', '.join(named)})")
         if request.meta.get("depth", 0) == 0:

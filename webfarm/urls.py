@@ -328,6 +328,14 @@ def spider_scope(spider: Any) -> tuple[list[str], Callable[[str], bool] | None]:
     return domains, within_domains(domains)
 
 
+def host_named(url: str, hosts: Iterable[str]) -> str:
+    """``url``'s host as a spider's ``hosts`` would name it: ``host:port``
+    (:func:`host_of`) when they carry ports, as a WebfarmSpider's do, else the bare name."""
+    if any(":" in name for name in hosts):
+        return host_of(url)
+    return urlsplit(url).hostname or ""
+
+
 def within_domains(domains: Iterable[str]) -> Callable[[str], bool] | None:
     """Is a URL's host one of ``domains`` (bare names) or a subdomain of one, as Scrapy's
     offsite filter judges ``allowed_domains``; None when there are none (every host)."""
