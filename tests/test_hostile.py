@@ -252,12 +252,19 @@ def test_utf16_pages_are_read_little_endian_and_their_links_followed(web, stores
     assert pages[f"{base}/u16/nobom"]["encoding"] == "utf-16-le"
 
 
+def redirect(mw, request: Request, target: str):
+    """``mw``'s answer to a 301 from ``request`` to ``target``: the request it follows."""
+    from scrapy.http import Response as ScrapyResponse
+
+    return mw.process_response(request, ScrapyResponse(request.url, status=301,
+                                                       headers={"Location": target}))
+
+
 def test_a_link_that_redirects_out_of_the_spider_s_hosts_is_said_once_per_host(caplog):
     """Scrapy's offsite filter drops it with a DEBUG line; a site whose pages moved to
     another host gave a crawl of nothing and no hint why."""
     from scrapy import Spider
     from scrapy.exceptions import IgnoreRequest
-    from scrapy.http import Response as ScrapyResponse
 
     from middlewares.limits import RedirectMiddleware
 
@@ -270,14 +277,11 @@ def test_a_link_that_redirects_out_of_the_spider_s_hosts_is_said_once_per_host(c
     for path, dont_filter in (("/a", False), ("/b", True)):
         request = Request(f"http://shop.test{path}", meta={"depth": 2},
                           dont_filter=dont_filter)
-        moved = ScrapyResponse(request.url, status=301,
-                               headers={"Location": f"https://shop.example{path}"})
         with pytest.raises(IgnoreRequest, match="redirect offsite"):
-            mw.process_response(request, moved)
+            redirect(mw, request, f"https://shop.example{path}")
     # A start URL outside the hosts is fetched, as in Scrapy, and so is where it leads.
     outside = Request("http://other.test/", meta={"allow_offsite": True})
-    moved = ScrapyResponse(outside.url, status=301, headers={"Location": "https://other.test/"})
-    assert mw.process_response(outside, moved).url == "https://other.test/"
+    assert redirect(mw, outside, "https://other.test/").url == "https://other.test/"
     said = [r.getMessage() for r in caplog.records if "outside the spider's hosts" in r.message]
     assert said == ["http://shop.test/a redirects to https://shop.example/a, outside the "
                     "spider's hosts: not followed; to follow it, add shop.example to the "
@@ -292,7 +296,6 @@ def test_a_redirect_to_another_port_of_the_spider_s_host_is_not_followed(caplog)
     followed, and the frontier then gave the page back as another crawl's, try after try,
     until it was dead-lettered as "offsite"."""
     from scrapy.exceptions import IgnoreRequest
-    from scrapy.http import Response as ScrapyResponse
 
     from middlewares.limits import RedirectMiddleware
     from spiders.generic import GenericSpider
@@ -304,13 +307,11 @@ def test_a_redirect_to_another_port_of_the_spider_s_host_is_not_followed(caplog)
     caplog.set_level("WARNING")
     request = Request("http://shop.test:8080/a", meta={"depth": 1})
     for target in ("http://shop.test:9090/a", "http://shop.test:9090/b"):
-        moved = ScrapyResponse(request.url, status=301, headers={"Location": target})
         with pytest.raises(IgnoreRequest, match="redirect offsite"):
-            mw.process_response(request, moved)
+            redirect(mw, request, target)
     # Its own port, and a subdomain on it, are followed.
     for target in ("http://shop.test:8080/b", "http://www.shop.test:8080/b"):
-        moved = ScrapyResponse(request.url, status=301, headers={"Location": target})
-        assert mw.process_response(request, moved).url == target
+        assert redirect(mw, request, target).url == target
     said = [r.getMessage() for r in caplog.records if "outside the spider's hosts" in r.message]
     assert said == ["http://shop.test:8080/a redirects to http://shop.test:9090/a, outside the "
                     "spider's hosts: not followed; to follow it, add shop.test:9090 to the "
