@@ -185,8 +185,8 @@ class PageReader:
 
             def again() -> Blob:  # the read still out, else a new one
                 if pending[0].done() and pending[0].exception() is not None:
-                    pending[0] = (self._pool.submit(self.blobs.read, key)
-                                  if self._pool is not None else _now(self.blobs.read, key))
+                    assert self._pool is not None  # reads come from read_ahead
+                    pending[0] = self._pool.submit(self.blobs.read, key)
                 return self._answer(pending[0], key)
 
             body = self.retry_read(again)
@@ -200,13 +200,3 @@ class PageReader:
             if read.done():
                 raise  # the read's own
             raise TimeoutError(f"no answer in {self.hung_after:g}s reading {key}") from None
-
-
-def _now(fn: Callable[[str], Blob], key: str) -> Future[Blob]:
-    """``fn(key)`` run here, as a done Future."""
-    done: Future[Blob] = Future()
-    try:
-        done.set_result(fn(key))
-    except Exception as exc:
-        done.set_exception(exc)
-    return done
