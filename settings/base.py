@@ -336,8 +336,9 @@ WEBFARM_STORAGE_PROCESS = True
 # Run the helper processes (storage, hashing) under Linux's SCHED_BATCH policy: their wakeups
 # then do not preempt the crawler on its CPU; their CPU share stays nice 0's.
 WEBFARM_HELPER_SCHED_BATCH = True
-# First refetch interval of a new page, in seconds (the refetch policy moves it later).
-WEBFARM_REFETCH_INTERVAL = 86400.0
+# First refetch interval of a new page (seconds, or "30m", "6h", "2d"; the refetch policy
+# moves it later).
+WEBFARM_REFETCH_INTERVAL = _env("WEBFARM_REFETCH_INTERVAL", "86400")
 # Object computing refetch_interval/next_fetch_at on every fetch (import path; from_crawler);
 # webfarm.refetch.RefetchPolicy adapts each page's interval to its estimated change rate,
 # webfarm.index.FixedRefetch keeps WEBFARM_REFETCH_INTERVAL for every page.

@@ -171,6 +171,10 @@ def test_bad_blob_compression_fails_before_any_request(good, web):
     ("DOWNLOAD_TIMEOUT=-1", "DOWNLOAD_TIMEOUT='-1' is out of range: give a number above 0"),
     ("CONCURRENT_REQUESTS_PER_DOMAIN=0", "CONCURRENT_REQUESTS_PER_DOMAIN='0' is out of range: "
                                          "give a number 1 or more"),
+    # Before: "OverflowError: bind(): port must be 0-65535" in a traceback, and the crawl
+    # went on without /metrics, exit code 0.
+    ("WEBFARM_PROMETHEUS_PORT=99999", "WEBFARM_PROMETHEUS_PORT='99999' is out of range: give "
+                                      "a number 0 to 65535"),
 ])
 def test_a_setting_of_the_wrong_type_fails_before_any_request(good, web, setting, message):
     """Before: a traceback once the component read it ("Task exception was never
@@ -188,6 +192,7 @@ def test_a_setting_of_the_wrong_type_fails_before_any_request(good, web, setting
 @pytest.mark.parametrize("setting, message", [
     ('WEBFARM_REFETCH_RULES=[{"pattern": "("}]', "WEBFARM_REFETCH_RULES[0]: bad regex '('"),
     ("WEBFARM_REFETCH_MAX=soon", "WEBFARM_REFETCH_MAX='soon' is not a duration"),
+    ("WEBFARM_REFETCH_INTERVAL=-10", "WEBFARM_REFETCH_INTERVAL='-10' is not above 0"),
     ("WEBFARM_REFETCH_POLICY=no.such.Policy", "WEBFARM_REFETCH_POLICY='no.such.Policy' does "
                                               "not import (No module named 'no')"),
     # Refused by their components as the crawl starts: said in one line all the same.
@@ -281,6 +286,28 @@ def test_a_negative_idle_timeout_is_refused_in_process():
             "0: never stop)")):
         check_types(Settings({"WEBFARM_IDLE_TIMEOUT": "-5"}))
     check_types(Settings({"WEBFARM_IDLE_TIMEOUT": "0"}))
+
+
+@pytest.mark.parametrize("setting, value, message", [
+    # each was taken in silence: no delay, 1 attempt, a monitor that never fires
+    ("WEBFARM_HOST_DELAY", "-1", "WEBFARM_HOST_DELAY='-1' is below 0; give 0 or more"),
+    ("WEBFARM_RECRAWL_INTERVAL", "-5", "WEBFARM_RECRAWL_INTERVAL='-5' is below 0"),
+    ("WEBFARM_RETRY_TIMES", "0", "WEBFARM_RETRY_TIMES='0' is out of range: give a number 1 or "
+                                 "more (attempts)"),
+    ("RETRY_TIMES", "-1", "RETRY_TIMES='-1' is out of range: give a number 0 or more"),
+    ("WEBFARM_ALERT_SUCCESS_RATE", "5", "give a number 0 to 1 (a share of requests)"),
+    ("WEBFARM_NEARDUP_DISTANCE", "-1", "give a number 0 to 64 (bits; WEBFARM_NEARDUP=False"),
+    ("WEBFARM_INDEX_BATCH_SIZE", "0", "WEBFARM_INDEX_BATCH_SIZE='0' is out of range"),
+])
+def test_numbers_out_of_their_range_are_refused_in_process(monkeypatch, setting, value,
+                                                            message):
+    from scrapy.settings import Settings
+
+    from webfarm.settingtypes import check_types
+
+    monkeypatch.setenv("SCRAPY_SETTINGS_MODULE", "settings")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_types(Settings({setting: value}))
 
 
 def test_a_spider_argument_refused_under_scrapyd_is_in_the_job_s_log(caplog):
@@ -603,10 +630,14 @@ def test_another_service_s_port_is_said_as_such(other_services, server, other, m
             config.check_mongo(f"mongodb://{address}", timeout=1)
 
 
-def test_a_mistyped_environment_variable_is_said():
+def test_a_mistyped_environment_variable_is_said(monkeypatch):
     """`-s WEBFARM_HOST_DELEY=2` was named as a slip, `WEBFARM_IDLE_TIMEOT=0 scrapy crawl`
     went unsaid, and the README sets settings through the environment."""
-    from webfarm.settingnames import misspelt_variables
+    from webfarm.settingnames import _known, misspelt_variables
+
+    # the project's names, as in `scrapy crawl` (alone, this test had Scrapy's only)
+    monkeypatch.setenv("SCRAPY_SETTINGS_MODULE", "settings")
+    _known.cache_clear()
 
     assert misspelt_variables({
         "WEBFARM_IDLE_TIMEOT": "0", "WEBFARM_HOST_DELAY": "1",  # a webfarm setting

@@ -162,7 +162,7 @@ def test_spider_attributes_override_settings():
     ('[{"pattern": "(", "max": "1h"}]', "bad regex"),
     ('[{"pattern": "x", "maxx": "1h"}]', "unknown keys"),
     ('[{"pattern": "x", "max": "soon"}]', "is not a duration"),
-    ('[{"pattern": "x", "min": -5}]', "must be a positive duration"),
+    ('[{"pattern": "x", "min": -5}]', "is not above 0"),
 ])
 def test_bad_rules_get_one_clear_line(rules, message):
     with pytest.raises(RefetchConfigError, match=message) as info:
@@ -175,3 +175,40 @@ def test_durations():
         90, 90, 1800, 21600, 172800, 604800, 5400]
     with pytest.raises(RefetchConfigError, match="WEBFARM_REFETCH_MIN"):
         RefetchPolicy.from_settings(Settings({"WEBFARM_REFETCH_MIN": "an hour"}))
+    # "-10" was "not a duration; give seconds or e.g. '30m'": seconds it was
+    for value in ("-10", -10, "0", "-2h"):
+        with pytest.raises(RefetchConfigError, match=r"is not above 0; give a duration above 0"):
+            duration(value, "WEBFARM_REFETCH_INTERVAL")
+
+
+def test_the_first_interval_is_a_duration_for_either_policy():
+    """WEBFARM_REFETCH_INTERVAL=2h was refused as "not a number" while the message for
+    -10 told the user to give '2h'; the MIN/MAX beside it took durations all along."""
+    from scrapy.utils.test import get_crawler
+
+    from webfarm.index import FixedRefetch
+
+    settings = Settings({"WEBFARM_REFETCH_INTERVAL": "2h"})
+    assert RefetchPolicy.from_settings(settings).base.initial == 7200
+    crawler = get_crawler(settings_dict={"WEBFARM_REFETCH_INTERVAL": "2h"})
+    assert FixedRefetch.from_crawler(crawler).interval == 7200
+    fixed = Settings({"WEBFARM_REFETCH_POLICY": "webfarm.index.FixedRefetch",
+                      "WEBFARM_REFETCH_INTERVAL": "soon"})
+    with pytest.raises(RefetchConfigError, match="WEBFARM_REFETCH_INTERVAL='soon' is not a "):
+        RefetchPolicy.check(fixed)
+
+
+def test_a_minimum_above_the_maximum_is_refused():
+    """WEBFARM_REFETCH_MIN=2d with WEBFARM_REFETCH_MAX=1d stored every page at 1 day, with
+    no word that the bounds were swapped."""
+    with pytest.raises(RefetchConfigError, match=r"minimum \(WEBFARM_REFETCH_MIN='2d'\) is "
+                       r"above the maximum \(WEBFARM_REFETCH_MAX='1d'\)"):
+        RefetchPolicy.from_settings(Settings({"WEBFARM_REFETCH_MIN": "2d",
+                                              "WEBFARM_REFETCH_MAX": "1d"}))
+
+    class Fast:
+        name = "fast"
+        refetch_max = "10m"
+
+    with pytest.raises(RefetchConfigError, match=r"is above the maximum \(fast.refetch_max="):
+        RefetchPolicy.from_settings(Settings(), Fast)

@@ -38,7 +38,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from webfarm import neardup
 from webfarm.bulkwrite import WriteOp, write_unordered
-from webfarm.refetch import stored_later
+from webfarm.refetch import duration, stored_later
 from webfarm.urlcounts import CountMoves, count_ops, counted_by_insert, forget_orphans
 from webfarm.urls import canonical_url, url_fingerprint
 
@@ -88,7 +88,8 @@ class FixedRefetch:
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> FixedRefetch:
-        return cls(crawler.settings.getfloat("WEBFARM_REFETCH_INTERVAL", 86400.0))
+        raw = crawler.settings.get("WEBFARM_REFETCH_INTERVAL")
+        return cls(86400.0 if raw in (None, "") else duration(raw, "WEBFARM_REFETCH_INTERVAL"))
 
     def fields(
         self, before: dict[str, Any] | None, changed: bool, fetched_at: dt.datetime,

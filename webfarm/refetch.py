@@ -78,13 +78,17 @@ def duration(value: Any, name: str) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     else:
-        match = _DURATION.match(str(value))
+        match = _DURATION.match(str(value).strip().lstrip("+-"))
         if not match:
             raise RefetchConfigError(
                 f"{name}={value!r} is not a duration; give seconds or e.g. '30m', '6h', '2d'")
         seconds = float(match.group(1)) * _UNITS[(match.group(2) or "s").lower()]
+        if str(value).strip().startswith("-"):
+            seconds = -seconds
     if not math.isfinite(seconds) or seconds <= 0:
-        raise RefetchConfigError(f"{name}={value!r} must be a positive duration")
+        # -10 read "is not a duration; give seconds", and seconds it was
+        raise RefetchConfigError(f"{name}={value!r} is not above 0; give a duration above 0 "
+                                 "(seconds, or e.g. '30m', '6h', '2d')")
     return seconds
 
 
@@ -175,6 +179,16 @@ class Rule:
         return bool(self.pattern.search(url) or (host and self.pattern.search(host)))
 
 
+def _named(spidercls: type | None, settings: BaseSettings, bound: str) -> str:
+    """Where a refetch bound came from, with its value: the spider's attribute or the
+    setting."""
+    value = getattr(spidercls, f"refetch_{bound}", None) if spidercls is not None else None
+    if value is not None:
+        return f"{getattr(spidercls, 'name', '?')}.refetch_{bound}={value!r}"
+    setting = f"WEBFARM_REFETCH_{bound.upper()}"
+    return f"{setting}={settings.get(setting)!r}"
+
+
 def parse_rules(raw: Any) -> list[Rule]:
     """Rules from a setting: a list of dicts, or the same as a JSON string (env, ``-s``)."""
     if raw is None or raw == "" or raw == []:
@@ -260,13 +274,20 @@ class RefetchPolicy:
             raw = settings.get(setting)
             return duration(raw, setting) if raw not in (None, "") else default
 
+        lo = get("refetch_min", "WEBFARM_REFETCH_MIN", 3600.0)
+        hi = get("refetch_max", "WEBFARM_REFETCH_MAX", 30 * DAY)
+        if lo > hi:  # the bounds were swapped in silence: every page got the maximum
+            raise RefetchConfigError(
+                f"the refetch minimum ({_named(spidercls, settings, 'min')}) is above the "
+                f"maximum ({_named(spidercls, settings, 'max')}); give a minimum no longer "
+                "than the maximum")
         rules = parse_rules(getattr(spidercls, "refetch_rules", None) or
                             settings.get("WEBFARM_REFETCH_RULES"))
         memory = settings.getfloat("WEBFARM_REFETCH_MEMORY", 30.0)
         return cls(
             initial=get("refetch_interval", "WEBFARM_REFETCH_INTERVAL", DAY),
-            min_interval=get("refetch_min", "WEBFARM_REFETCH_MIN", 3600.0),
-            max_interval=get("refetch_max", "WEBFARM_REFETCH_MAX", 30 * DAY),
+            min_interval=lo,
+            max_interval=hi,
             cost=get("refetch_cost", "WEBFARM_REFETCH_COST", 4 * 3600.0),
             rules=rules, memory=memory,
         )
@@ -290,6 +311,8 @@ class RefetchPolicy:
                 "of a policy class, e.g. webfarm.refetch.RefetchPolicy") from None
         if isinstance(policy, type) and issubclass(policy, cls):
             policy.from_settings(settings, spidercls)
+        elif settings.get("WEBFARM_REFETCH_INTERVAL") not in (None, ""):  # FixedRefetch's
+            duration(settings.get("WEBFARM_REFETCH_INTERVAL"), "WEBFARM_REFETCH_INTERVAL")
 
     def bounds_for(self, url: str = "", host: str = "") -> Bounds:
         for rule in self.rules:

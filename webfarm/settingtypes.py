@@ -56,6 +56,31 @@ BOUNDS: dict[str, tuple[str, Callable[[float], bool]]] = {
     "SCRAPER_SLOT_MAX_ACTIVE_SIZE": ("1 or more (bytes)", lambda v: v >= 1),
     # 0 or below: no request ever left, and SIGTERM's graceful stop waited for ever.
     "CONCURRENT_REQUESTS_PER_DOMAIN": ("1 or more", lambda v: v >= 1),
+    # Each of these below was taken in silence and read as something else: 0 attempts as
+    # 1, a batch of 0 pages, a rate of 5 that no host ever reaches, port 99999 a traceback
+    # from the metrics server with the crawl going on without it.
+    "WEBFARM_RETRY_TIMES": ("1 or more (attempts)", lambda v: v >= 1),
+    "RETRY_TIMES": ("0 or more", lambda v: v >= 0),
+    "DOWNLOAD_DELAY": ("0 or more (seconds)", lambda v: v >= 0),
+    "CONCURRENT_REQUESTS": ("1 or more", lambda v: v >= 1),
+    "WEBFARM_INDEX_BATCH_SIZE": ("1 or more", lambda v: v >= 1),
+    "WEBFARM_INDEX_WRITERS": ("1 or more", lambda v: v >= 1),
+    "WEBFARM_BLOB_CONCURRENCY": ("1 or more", lambda v: v >= 1),
+    "WEBFARM_S3_MAX_ATTEMPTS": ("1 or more", lambda v: v >= 1),
+    "WEBFARM_RECRAWL_BATCH": ("1 or more", lambda v: v >= 1),
+    "WEBFARM_NEARDUP_DISTANCE": ("0 to 64 (bits; WEBFARM_NEARDUP=False turns it off)",
+                                 lambda v: 0 <= v <= 64),
+    "WEBFARM_PROMETHEUS_PORT": ("0 to 65535 (0: no /metrics)", lambda v: 0 <= v <= 65535),
+    "WEBFARM_MONITOR_INTERVAL": ("above 0 (seconds)", lambda v: v > 0),
+    "WEBFARM_METRICS_FLUSH_INTERVAL": ("above 0 (seconds)", lambda v: v > 0),
+    "WEBFARM_ALERT_SUCCESS_RATE": ("0 to 1 (a share of requests)", lambda v: 0 <= v <= 1),
+    "WEBFARM_ALERT_SUCCESS_DROP": ("0 to 1 (a share of the rate before)",
+                                   lambda v: 0 <= v <= 1),
+    "WEBFARM_ALERT_SUCCESS_RECOVER": ("0 to 1 (a share of requests)", lambda v: 0 <= v <= 1),
+    "WEBFARM_RENDER_PROBE_RATE": ("0 to 1 (a share of pages)", lambda v: 0 <= v <= 1),
+    "WEBFARM_RENDER_HOST_SHARE": ("0 to 1 (a share of pages)", lambda v: 0 <= v <= 1),
+    "PLAYWRIGHT_MAX_CONTEXTS": ("1 or more", lambda v: v >= 1),
+    "PLAYWRIGHT_MAX_PAGES_PER_CONTEXT": ("1 or more", lambda v: v >= 1),
 }
 
 
@@ -70,6 +95,14 @@ def check_types(settings: BaseSettings) -> None:
         if not _reads_as(settings, name, kind):
             raise ValueError(f"{name}={value!r} is not {kind} ({source}: {default!r}); fix "
                              f"{_where_set(settings, name)}")
+    for name, default, kind, source in _typed_defaults():
+        # webfarm's numbers are seconds, counts, sizes or shares: none means anything below 0
+        # (WEBFARM_HOST_DELAY=-1 crawled with no delay, WEBFARM_RECRAWL_INTERVAL=-5 was off)
+        if (kind != BOOLEAN and name.startswith("WEBFARM_") and name in settings
+                and name not in NOT_NEGATIVE and name not in BOUNDS
+                and settings.getfloat(name) < 0):
+            raise ValueError(f"{name}={settings[name]!r} is below 0; give 0 or more ({source}: "
+                             f"{default!r}), in {_where_set(settings, name)}")
     for name, zero in NOT_NEGATIVE.items():
         if name in settings and settings.getint(name) < 0:
             raise ValueError(f"{name}={settings[name]!r} is below 0; give a number, or 0 for "
