@@ -343,11 +343,35 @@ def test_lease_expiry_gives_the_entry_back(client: redis.Redis) -> None:
     assert f.counts()["leased"] == 1 and f.pop("w2") is None
     again = wait_until(lambda: f.pop("w2"))
     assert again.payload == first.payload and again.lease_id != first.lease_id
-    assert again.attempts == 0
+    # An expiry spends an attempt: a page that kills its worker is not handed out for ever
+    # (the worker that pops it with none left dead-letters it, LeaseEnds.used_up).
+    assert again.attempts == 1
     assert f.ack([first.lease_id]) == 0  # the stale lease is gone
     assert f.ack([again.lease_id]) == 1
     c = f.counts()
     assert (c["queued"], c["leased"], c["expired"]) == (0, 0, 1)
+
+
+def test_a_renewed_lease_outlives_its_first_deadline(client: redis.Redis) -> None:
+    """A live worker's slow page (longer than the lease) was taken back and fetched again
+    by another worker, every lease period, for ever."""
+    f = Frontier(client, "spider", default_delay=0, lease_seconds=0.4)
+    f.push([entry("h.test", "slow"), entry("h.test", "fast")])
+    slow, fast = f.pop("w1"), f.pop("w1")
+    assert f.ack([fast.lease_id]) == 1
+    for _ in range(4):  # 1.2 s held, renewed every 0.3 s
+        time.sleep(0.3)
+        assert f.renew([slow.lease_id, fast.lease_id]) == 1  # the acked one stays gone
+        assert f.pop("w2") is None  # nothing taken back
+    assert f.counts()["expired"] == 0 and f.ack([slow.lease_id]) == 1
+    # Once expired and handed out again, the old lease is not brought back by a renewal.
+    f.push([entry("h.test", "late")])
+    late = f.pop("w1")
+    time.sleep(0.5)
+    again = f.pop("w2")
+    assert again is not None and url(again).endswith("late")
+    assert f.renew([late.lease_id]) == 0 and f.ack([late.lease_id]) == 0
+    assert f.ack([again.lease_id]) == 1
 
 
 def test_an_exchange_says_which_worker_s_leases_it_took_back(client: redis.Redis) -> None:

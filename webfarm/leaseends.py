@@ -133,6 +133,26 @@ class LeaseEnds:
             reason = f"spider callback failed: {type(failure.value).__name__}: {failure.value}"
             self._failed[lease] = ("spider", reason)
 
+    def used_up(self, lease: str, request: Request) -> bool:
+        """Whether a request was handed out with no attempt left, and so dead-lettered
+        unfetched. A worker that fails a request's last try dead-letters it; one left here
+        was spent by leases that expired: each worker holding it was killed or stalled
+        (a page that kills its worker was handed out for ever), or WEBFARM_RETRY_TIMES
+        was lowered since."""
+        attempts = int(request.meta.get(ATTEMPTS, 0))
+        allowed = request_attempts(request, self.retry_times)
+        if attempts < allowed:
+            return False
+        reason = (f"gave up after {attempts} attempts, the last ended by its lease "
+                  f"expiring: the worker holding it was killed or stalled past "
+                  f"WEBFARM_LEASE_SECONDS ({allowed} allowed)")
+        logger.warning("Dead-lettered %s: %s", request, reason)
+        self._inc("webfarm/frontier/dead")
+        self._inc("webfarm/frontier/dead_unfetched")
+        assert self.link is not None and self.frontier is not None
+        self.link.op("dead", self.frontier._dead_args(lease, reason, tried=False))
+        return True
+
     def _retry(self, lease: str, request: Request, reason: str, delay: float | None,
                status: int | None, error: str | None, scrapys: str | None = None) -> None:
         """``scrapys``: a download's retry, counted in Scrapy's ``retry/*`` stats as well

@@ -67,6 +67,7 @@ from webfarm.frontier import AsyncFrontier, Exchange, Frontier, Popped
 from webfarm.frontierlink import FrontierLink
 from webfarm.hostmemory import RecentHosts, host_memory_size
 from webfarm.leaseends import LeaseEnds
+from webfarm.leaserenew import LeaseRenewal
 from webfarm.outcomes import hook_downloader_output
 from webfarm.politeness import Politeness
 from webfarm.queue import (
@@ -117,6 +118,8 @@ class Scheduler(BaseScheduler):
         self._inflight: dict[str, Request] = {}
         # acks, retries, dead letters; a request given back may be due before the next poll
         self.ends = LeaseEnds(settings, self._inflight, self._inc, self._poll_now)
+        self.renewal = LeaseRenewal(settings.getfloat("WEBFARM_LEASE_SECONDS", 600.0),
+                                    self._inflight, self._inc)
         self._popped: deque[Popped] = deque()  # leased in the last exchange, not handed out
         self._local: deque[Request] = deque()  # meta[LOCAL]: this worker's own, not queued
         self._local_seen: set[bytes] = set()  # their fingerprints (Scrapy's own dupefilter)
@@ -185,6 +188,7 @@ class Scheduler(BaseScheduler):
                                  host_memory=self.polite.delays.memory)
         self.ends.open(self.link, self.frontier)
         self.polite.open(self.link, self.frontier)
+        self.renewal.open(self.link, self.frontier)
         self._loop = LoopingCall(self.link.tick)
         self._loop.start(self.flush_interval, now=False)
         self.shared.open()
@@ -200,6 +204,7 @@ class Scheduler(BaseScheduler):
         """Flush what is held and give back unfinished leases at once; delete nothing."""
         if self._loop is not None and self._loop.running:
             self._loop.stop()
+        self.renewal.close()
         if self.shared is not None:
             self.shared.close()
         if self._wake_call is not None and self._wake_call.active():
@@ -343,6 +348,8 @@ class Scheduler(BaseScheduler):
             request.meta[LEASE] = popped.lease_id
             request.meta[ATTEMPTS] = popped.attempts
             request.meta[HANDED_OUT] = time.monotonic()
+            if self.ends.used_up(popped.lease_id, request):
+                continue
             self._inflight[popped.lease_id] = request
             self._inc("webfarm/frontier/dequeued")
             return request

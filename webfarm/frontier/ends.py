@@ -16,12 +16,24 @@ class FrontierEnds:
     server: redis.Redis
     key: Callable[[str], str]
     _call: Callable[..., Any]
+    lease_ms: int
 
     def release(self, lease_ids: Sequence[str]) -> int:
         """Give leases back at once (SIGTERM), same priority and place, attempts unchanged."""
         if not lease_ids:
             return 0
         return int(self._call("release", *lease_ids))
+
+    def renew(self, lease_ids: Sequence[str]) -> int:
+        """A live worker still works on these: each is due ``lease_ms`` from now again (a
+        slow page no longer expires in a live worker and is fetched again by another).
+        How many were still held."""
+        if not lease_ids:
+            return 0
+        return int(self._call("renew", *self._renew_args(lease_ids)))
+
+    def _renew_args(self, lease_ids: Sequence[str]) -> list[Any]:
+        return [self.lease_ms, *lease_ids]
 
     def release_worker(self, worker: str) -> int:
         """Give back every lease ``worker`` holds."""
@@ -66,9 +78,10 @@ class FrontierEnds:
 
     @staticmethod
     def _dead_args(lease_id: str | None, reason: str, *, payload: str | None = None,
-                   status: int | None = None, error: str | None = None) -> list[Any]:
+                   status: int | None = None, error: str | None = None, tried: bool = True
+                   ) -> list[Any]:
         return [lease_id or "", reason, b"1" if payload is not None else b"0", payload or "",
-                "" if status is None else int(status), error or ""]
+                "" if status is None else int(status), error or "", b"1" if tried else b"0"]
 
     def requeue_dead(self) -> int:
         """Put dead letters back in their queues with attempts reset; returns how many.

@@ -136,6 +136,18 @@ local function unlease(id, want_record)
   return rec or value, worker
 end
 
+-- An expired lease's entry back in its queue, one attempt spent: its worker was killed or
+-- stalled (a live worker renews what it still works on, OPS.renew), so a page that kills
+-- its worker is not handed out for ever; the worker that pops it with no attempt left
+-- dead-letters it.
+local function requeue_expired(rec)
+  local host, prio, member = parse_record(rec)
+  local seq, att, first, payload = parse_member(member or '')
+  if not seq then return requeue_record(rec, 'lease') end
+  return enqueue(host, prio, seq .. ':' .. fmt_int(tonumber(att) + 1) .. ':' .. first .. ':' ..
+                 payload)
+end
+
 -- Bounded housekeeping before a pop: due retries and expired leases go back to their
 -- queues, stale 'cool' hosts are forgotten.
 local function maintain(batch)
@@ -153,7 +165,7 @@ local function maintain(batch)
         expired_from[who] = true
         expired_from[#expired_from + 1] = who
       end
-      requeue_record(rec, 'lease')
+      requeue_expired(rec)
     end
   end
   local cool = redis.call('ZRANGEBYSCORE', K_COOL, '-inf', NOW, 'LIMIT', 0, batch)

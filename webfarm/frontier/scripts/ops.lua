@@ -135,6 +135,20 @@ OPS.release = function()
   return n
 end
 
+-- renew: ARGV 3 lease ms, then the lease ids a live worker still works on: each is due
+-- lease ms from now again. A lease no longer held (acked, or expired: handed out again
+-- under a new id) stays gone. Returns how many were renewed.
+OPS.renew = function()
+  local deadline, n = NOW + tonumber(ARGV[3]), 0
+  for i = 4, #ARGV do
+    if redis.call('ZSCORE', K_LEASES, ARGV[i]) then
+      redis.call('ZADD', K_LEASES, deadline, ARGV[i])
+      n = n + 1
+    end
+  end
+  return n
+end
+
 -- release_worker: ARGV[3] worker. Walks the lease hash (in-flight requests only).
 OPS.release_worker = function()
   local n, prefix = 0, ARGV[3] .. ' '
@@ -171,7 +185,8 @@ OPS.retry = function()
   return 1
 end
 
--- dead: ARGV 3 lease id or '', 4 reason, 5 has payload, 6 payload, 7 status or '', 8 error or ''
+-- dead: ARGV 3 lease id or '', 4 reason, 5 has payload, 6 payload, 7 status or '', 8 error or
+-- '', 9 '0' when this hand-out was never tried (its attempts were spent before; optional)
 OPS.dead = function()
   local t = {reason = ARGV[4], status = tonumber(ARGV[7]), first = math.floor(NOW / 1000),
              attempts = 0}
@@ -184,7 +199,7 @@ OPS.dead = function()
     if host then
       local _, att, first, payload = parse_member(member)
       t.host, t.priority, t.payload = host, prio, payload
-      t.attempts, t.first = tonumber(att) + 1, tonumber(first)
+      t.attempts, t.first = tonumber(att) + (ARGV[9] == '0' and 0 or 1), tonumber(first)
     else
       t.payload = rec
     end
