@@ -297,11 +297,11 @@ def test_due_pages_most_overdue_first_and_queued_once(redis_url, mongo_uri, mong
                          "spiders": ["generic", "acme"], "callback": "parse_product",
                          "refetch_interval": 3600.0,
                          "next_fetch_at": now - dt.timedelta(seconds=30)})
-    due, _ = due_pages(db.pages, "generic", now)
+    due, _, _ = due_pages(db.pages, "generic", now)
     assert [p.url.rsplit("/", 1)[1] for p in due] == ["c", "b", "a", "e"]
     assert due[-1].callback is None
     db.pages.delete_one({"_id": "both"})
-    due, _ = due_pages(db.pages, "generic", now)
+    due, _, _ = due_pages(db.pages, "generic", now)
     assert [p.url.rsplit("/", 1)[1] for p in due] == ["c", "b", "a"]
     assert due[0].priority > due[1].priority > due[2].priority >= 0
 
@@ -375,6 +375,20 @@ def test_recrawl_command_dry_run_and_bad_input(env, mongo_uri, mongo_db_name):
                            env, 60))
     report = json.loads(out.strip().splitlines()[-1])
     assert report["due"] == 1 and report["enqueued"] == 0 and report["pages"][0]["url"] == url
+    # --limit N said "N due" (a probe: "5 enqueued of 5 due" with 98 due): the rest is said
+    later = "http://127.0.0.2:9/later"
+    db.pages.insert_one({"_id": url_fingerprint(later), "url": later, "spider": "generic",
+                         "refetch_interval": 60.0,
+                         "next_fetch_at": dt.datetime.now(dt.timezone.utc)})
+    out = ok(runner.scrapy(["recrawl", "generic", "--dry-run", "--now", "+120", "--limit",
+                            "1"], env, 60))
+    assert ("(dry run): 2 due; the 1 most overdue taken (--limit), 1 left for another run"
+            in out), out
+    out = ok(runner.scrapy(["recrawl", "generic", "--dry-run", "--json", "--now", "+120",
+                            "--limit", "1"], env, 60))
+    report = json.loads(out.strip().splitlines()[-1])
+    assert (report["due"], report["taken"], report["left"], len(report["pages"])) == (2, 1, 1, 1)
+    db.pages.delete_one({"_id": url_fingerprint(later)})
     result = runner.scrapy(["recrawl", "generic", "--limit", "0"], env, 60)
     assert result.returncode == 2 and "--limit 0" in result.stderr, result.output[-2000:]
     assert "Traceback" not in result.output

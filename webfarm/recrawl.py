@@ -109,10 +109,11 @@ def _still_queued(doc: Mapping[str, Any], wall: dt.datetime) -> bool:
 
 def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = None,
               wall: dt.datetime | None = None, keep: Callable[[str], bool] | None = None,
-              queued_marks: bool = True) -> tuple[list[DuePage], int]:
-    """The spider's pages due at ``now``, most overdue first (at most ``limit``), and how
+              queued_marks: bool = True) -> tuple[list[DuePage], int, int]:
+    """The spider's pages due at ``now``, most overdue first (at most ``limit``), how
     many due pages were skipped because an earlier round enqueued them and they were not
-    fetched yet. ``wall`` is the real time (``now`` may be moved for tests and what-ifs);
+    fetched yet, and how many were due in all (past the limit too, none skipped).
+    ``wall`` is the real time (``now`` may be moved for tests and what-ifs);
     ``keep``, if given, says which URLs to consider at all; ``queued_marks`` False: the
     frontier holds nothing, so no page is still queued whatever its mark says."""
     wall = wall or utcnow()
@@ -121,16 +122,17 @@ def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = Non
     # pages that a site spider had stored again were never due for generic.
     cursor = pages.find({"$or": [{"spiders": spider}, {"spider": spider}],
                          "next_fetch_at": {"$lte": now}}, dict.fromkeys(_FIELDS, 1))
-    skipped = 0
+    skipped = total = 0
 
     def candidates() -> Iterator[DuePage]:
-        nonlocal skipped
+        nonlocal skipped, total
         for doc in cursor:
             if keep is not None and not keep(doc["url"]):
                 continue
             if queued_marks and _still_queued(doc, wall):
                 skipped += 1
                 continue
+            total += 1
             overdue = (now - as_utc(doc["next_fetch_at"])).total_seconds()
             interval = float(doc.get("refetch_interval") or 0.0)
             ratio = overdue / interval if interval > 0 else overdue
@@ -144,7 +146,7 @@ def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = Non
         found = sorted(candidates(), reverse=True)
     else:
         found = heapq.nlargest(max(limit, 0), candidates())
-    return found, skipped
+    return found, skipped, total
 
 
 def _http_date(value: Any) -> str | None:
@@ -173,6 +175,12 @@ class RoundResult:
     enqueued: int
     skipped_queued: int
     dry_run: bool = False
+    total_due: int = 0  # due in all: more than ``due`` under a limit
+
+    @property
+    def left(self) -> int:
+        """Due pages past the limit, for a later run."""
+        return max(0, self.total_due - len(self.due))
 
     @property
     def conditional(self) -> int:
@@ -205,10 +213,10 @@ class Recrawler:
             holds = bool(counts["queued"] or counts["delayed"] or counts["leased"])
         except redis.RedisError:  # cannot tell (a read-only user's --dry-run): marks hold
             holds = True
-        due, skipped = due_pages(self.pages, self.spider, now or wall, limit, wall, self.keep,
-                                 queued_marks=holds)
+        due, skipped, total = due_pages(self.pages, self.spider, now or wall, limit, wall,
+                                        self.keep, queued_marks=holds)
         if dry_run or not due:
-            return RoundResult(due, 0, skipped, dry_run)
+            return RoundResult(due, 0, skipped, dry_run, total)
         entries: list[Entry] = []
         queued: list[DuePage] = []
         for p in due:
@@ -220,11 +228,12 @@ class Recrawler:
                 logger.error("Recrawl: cannot refetch %s: %s", p.url, exc)
                 continue
             queued.append(p)
+        total -= len(due) - len(queued)
         due = queued
         enqueued = sum(self.frontier.push(entries))
         self.pages.update_many({"_id": {"$in": [p.page_id for p in due]}},
                                {"$set": {"recrawl_queued_at": wall}})
-        return RoundResult(due, enqueued, skipped)
+        return RoundResult(due, enqueued, skipped, total_due=total)
 
 
 def lock_key(spider: str) -> str:

@@ -127,9 +127,13 @@ def parse_now(value: str | None) -> dt.datetime:
 
 
 def render(name: str, result: RoundResult, as_json: bool) -> str:
-    counts = {"spider": name, "due": len(result.due), "enqueued": result.enqueued,
+    # "due" is every due page: under --limit N it said N, and 98 due looked like 5
+    counts = {"spider": name, "due": result.total_due, "taken": len(result.due),
+              "left": result.left, "enqueued": result.enqueued,
               "conditional": result.conditional, "still_queued": result.skipped_queued,
               "dry_run": result.dry_run}
+    left = (f"; the {len(result.due)} most overdue taken (--limit), {result.left} left for "
+            "another run" if result.left else "")
     if as_json:
         if result.dry_run:
             counts["pages"] = [{"url": p.url, "overdue_seconds": round(p.overdue, 1),
@@ -142,11 +146,11 @@ def render(name: str, result: RoundResult, as_json: bool) -> str:
                   for p in result.due[:50]]
         if len(result.due) > 50:
             lines.append(f"... and {len(result.due) - 50} more")
-        lines.append(f"recrawl {name} (dry run): {len(result.due)} due, "
+        lines.append(f"recrawl {name} (dry run): {result.total_due} due{left}, "
                      f"{result.conditional} with validators, "
                      f"{result.skipped_queued} still queued from an earlier round")
         return "\n".join(lines)
-    return (f"recrawl {name}: {result.enqueued} enqueued of {len(result.due)} due "
+    return (f"recrawl {name}: {result.enqueued} enqueued of {result.total_due} due{left} "
             f"({result.conditional} conditional), {result.skipped_queued} still queued "
             "from an earlier round")
 
