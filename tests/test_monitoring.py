@@ -229,6 +229,28 @@ def stat(log_text: str, name: str) -> int:
     return int(found[-1]) if found else 0
 
 
+def test_a_crawl_shorter_than_the_monitor_interval_counts_its_dead_letters(shops, stores):
+    """A probe: two crawls of about 10 s ending in dead letters left `scrapy frontier`
+    saying "0 dead letters" for the window: the monitor's first pass came after
+    WEBFARM_MONITOR_INTERVAL (15 s), and a first pass takes the queue as history."""
+    base = shops.base_urls[1]
+    shops.clear_routes()
+    shops.route("/product/", Response(500, {"Content-Type": "text/plain"}, b"broken"),
+                host=base)
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0", WEBFARM_IDLE_TIMEOUT="1",
+                         WEBFARM_RETRY_TIMES="1")
+    frontier = frontier_of(stores["REDIS_URL"])
+    started = time.monotonic()
+    done = runner.scrapy(["crawl", "generic", "-a", f"start={base}/"], env, timeout=60)
+    assert done.returncode == 0 and time.monotonic() - started < 15, done.output[-2000:]
+    assert frontier.counts()["dead"] == 3  # the shop's 3 products, once each
+    shops.clear_routes()
+    store = MetricsStore(redis.Redis.from_url(stores["REDIS_URL"]), "generic")
+    data = table.report(store, frontier, 3600, "webfarm:{generic}:alerts")
+    assert data["spider"]["dead"] == 3, data["spider"]
+    assert "3 dead letters" in table.render(data)
+
+
 def test_stalled_crawl_raises_no_progress_and_recovers(shops, stores, receiver, tmp_path):
     base = shops.base_urls[1]
     release = threading.Event()

@@ -155,7 +155,10 @@ class MonitorExtension:
         for name, every, call in (("flush", self.flush_interval, self._flush),
                                   ("monitor", self.monitor_interval, self._monitor)):
             loop = LoopingCall(self._in_thread, name, call)
-            loop.start(every, now=False)
+            # The monitor's first pass at once, and a last one at close: a crawl shorter
+            # than WEBFARM_MONITOR_INTERVAL never ran one, so its dead letters were never
+            # counted (the first pass takes what the queue holds as history).
+            loop.start(every, now=name == "monitor")
             self._loops.append(loop)
         if self.prometheus_port:
             self._start_prometheus()
@@ -167,6 +170,7 @@ class MonitorExtension:
         for d in list(self._running.values()):
             await maybe_deferred_to_future(d)
         await maybe_deferred_to_future(threads.deferToThread(self._flush))
+        await maybe_deferred_to_future(threads.deferToThread(self._monitor))
         await maybe_deferred_to_future(threads.deferToThread(self.evaluator.release))
         if self._http is not None:  # shutdown() waits for the serving loop: not on the reactor
             await maybe_deferred_to_future(threads.deferToThread(self._http.shutdown))
