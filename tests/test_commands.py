@@ -210,13 +210,16 @@ def test_seeds_outside_a_site_spider_s_hosts_are_said_at_once(redis_url, client,
     same (a worker run with -a start= or -a domains= may take them)."""
     command = seed_command()
     command.settings.set("REDIS_URL", redis_url)
-    urls = ["http://127.0.0.2:8081/a", "http://www.127.0.0.3:8081/b", "http://127.0.0.3/c"]
+    # Another port of its host is outside too: its workers follow 8081 only (the message
+    # named the host without its port, and such a URL was counted inside).
+    urls = ["http://127.0.0.2:8081/a", "http://www.127.0.0.3:8081/b", "http://127.0.0.3/c",
+            "http://127.0.0.2:9090/d"]
     command._seed("catalogue", urls, seed_opts())
     out = capsys.readouterr()
-    assert out.out.startswith("seeded catalogue: 3 enqueued")
+    assert out.out.startswith("seeded catalogue: 4 enqueued")
     assert out.err.splitlines() == [
-        "seed catalogue: 2 of the URLs are outside the spider's hosts (127.0.0.2): a worker "
-        "hands them back until they are dead letters, unless workers run with "
+        "seed catalogue: 3 of the URLs are outside the spider's hosts (127.0.0.2:8081): a "
+        "worker hands them back until they are dead letters, unless workers run with "
         "-a domains=HOST,... (or -a start=URL,...) that include them"]
     command._seed("generic", urls, seed_opts())  # its hosts come from -a only: not judged
     assert capsys.readouterr().err == ""

@@ -270,3 +270,16 @@ def test_a_start_url_that_cannot_be_fetched_is_refused_at_start() -> None:
                                          "user:password@") as refused:
         GenericSpider.check_arguments(start="http://me:secret@shop.test/")
     assert "secret" not in str(refused.value)
+
+
+def test_within_domains_keeps_a_port_when_given_one():
+    """A WebfarmSpider's hosts carry their ports, and its workers follow that port only:
+    `scrapy seed` counted a URL on another port of the host as inside."""
+    from webfarm.urls import within_domains
+
+    within = within_domains(["shop.test:8080", "blog.test"])
+    assert within("http://shop.test:8080/a") and within("http://www.shop.test:8080/a")
+    assert not within("http://shop.test:9090/a") and not within("http://shop.test/a")
+    assert within("http://blog.test:1234/") and within("https://blog.test/")
+    assert not within("http://shop.test:99999/")  # no port at all: not the spider's
+    assert within_domains(["web.test:443"])("https://web.test/x")

@@ -54,7 +54,7 @@ from webfarm.queue import open_frontier, request_entry
 from webfarm.redisconn import held, redis_client
 from webfarm.refetch import as_utc
 from webfarm.serialize import SerializationError
-from webfarm.urls import within_domains
+from webfarm.urls import spider_scope
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ class Recrawler:
         # A worker's round enqueues only what its spider's offsite filter lets through: a
         # generic crawl of another site, in the same spider's index, would be handed back
         # by every worker until it is dead-lettered, every round (middlewares/offsite.py).
-        self.keep = within_domains(getattr(spider_obj, "allowed_domains", None) or ())
+        self.keep = spider_scope(spider_obj)[1] if spider_obj is not None else None
 
     def run(self, now: dt.datetime | None = None, limit: int | None = None,
             dry_run: bool = False) -> RoundResult:

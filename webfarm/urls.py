@@ -337,17 +337,36 @@ def host_named(url: str, hosts: Iterable[str]) -> str:
 
 
 def within_domains(domains: Iterable[str]) -> Callable[[str], bool] | None:
-    """Is a URL's host one of ``domains`` (bare names) or a subdomain of one, as Scrapy's
-    offsite filter judges ``allowed_domains``; None when there are none (every host)."""
-    names = [d.lower() for d in domains if d]
+    """Is a URL's host one of ``domains`` or a subdomain of one, as Scrapy's offsite filter
+    judges ``allowed_domains`` (bare names: any port) and a WebfarmSpider its ``hosts``
+    (``host:port``: that port only); None when there are none (every host)."""
+    names = [_name_port(d.lower()) for d in domains if d]
     if not names:
         return None
 
     def within(url: str) -> bool:
-        name = urlsplit(url).hostname or ""
-        return any(name == d or name.endswith("." + d) for d in names)
+        parts = urlsplit(url)
+        name = parts.hostname or ""
+        try:
+            port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+        except ValueError:
+            return False
+        return any((name == d or name.endswith("." + d)) and want in (None, port)
+                   for d, want in names)
 
     return within
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _name_port(host: str) -> tuple[str, int | None]:
+    """``host`` or ``host:port`` as (name, port or None)."""
+    parts = urlsplit(f"//{host}")
+    try:
+        return parts.hostname or host, parts.port
+    except ValueError:
+        return host, None
 
 
 class RequestFingerprinter:

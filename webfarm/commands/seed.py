@@ -44,7 +44,7 @@ from webfarm.frontier import MAX_PUSH, Entry, Frontier
 from webfarm.queue import request_entry
 from webfarm.serialize import SerializationError
 from webfarm.sitemaps import MAX_URLS, SitemapError, SitemapReader, is_http_url, start_url
-from webfarm.urls import bare_host, host_of, unfetchable, within_domains
+from webfarm.urls import host_of, unfetchable, within_domains
 
 PROGRESS_EVERY = 100_000  # URLs between two progress lines of a long seed
 
@@ -187,8 +187,9 @@ class Command(ScrapyCommand):
 
 
 def spider_hosts(spidercls: type) -> list[str]:
-    """The bare host names the spider class keeps to (its ``hosts``, ``allowed_domains`` or
-    start URLs), as its workers' offsite filter will; [] when its arguments decide."""
+    """The hosts the spider class keeps to (its ``hosts``, with their ports, or
+    ``allowed_domains`` or start URLs), as its workers' offsite filter will; [] when its
+    arguments decide."""
     check = getattr(spidercls, "check_arguments", None)
     if check is None:
         return sorted({d.lower() for d in getattr(spidercls, "allowed_domains", None) or ()})
@@ -196,7 +197,9 @@ def spider_hosts(spidercls: type) -> list[str]:
         hosts = check().get("domains") or [host_of(u) for u in spidercls.start_urls]
     except ValueError:  # generic: its -a start or -a domains decide
         return []
-    return sorted({bare_host(h) for h in hosts})
+    # With their ports: the workers follow that port only (a URL on another port of the
+    # host was counted inside, then given back by every worker until dead-lettered).
+    return sorted({h.lower() for h in hosts})
 
 
 def _progress(name: str, total: int) -> Callable[[int], None]:
