@@ -203,7 +203,10 @@ def test_a_forced_stop_gives_leases_back_and_exits_1(shop, stores, tmp_path):
 
     shop.route("/product/", slow, prefix=True)
     env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0", WEBFARM_LEASE_SECONDS="600")
-    worker = runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, tmp_path / "a.log")
+    # LOG_FILE as scrapyd sets it: the line was on stderr only, not in the job's log
+    job_log = tmp_path / "job.log"
+    worker = runner.popen(["crawl", "generic", "-a", f"start={base}/", "-s",
+                           f"LOG_FILE={job_log}"], env, tmp_path / "a.log")
     frontier = frontier_of(stores["REDIS_URL"])
     wait_until(lambda: any(h.path.startswith("/product/") for h in shop.hits_for(host=base)),
                60, "a slow page asked")
@@ -211,8 +214,9 @@ def test_a_forced_stop_gives_leases_back_and_exits_1(shop, stores, tmp_path):
     time.sleep(0.5)
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(30) == 1
-    log = (tmp_path / "a.log").read_text()
-    assert "forced to stop before it finished" in log and "leases went back" in log, log[-2000:]
+    for log in ((tmp_path / "a.log").read_text(), job_log.read_text()):
+        assert "forced to stop before it finished" in log and "leases went back" in log, \
+            log[-2000:]
     assert frontier.counts()["leased"] == 0  # not after 600 s: now
     # A page stored before the stop was acknowledged, not given back to be fetched again.
     queued = {json.loads(member.split(b":", 3)[3])["url"]

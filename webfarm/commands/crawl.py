@@ -80,14 +80,18 @@ def forced_stop(crawlers: Any) -> int:
     whose items were not stored yet, or whose links were not sent, is fetched again);
     exit code 1."""
     given = 0
-    for crawler in list(crawlers):
+    crawlers = list(crawlers)
+    for crawler in crawlers:
         scheduler = getattr(getattr(getattr(crawler, "engine", None), "_slot", None),
                             "scheduler", None)
         give_back = getattr(scheduler, "give_back_all", None)
         if give_back is not None:
             given += give_back()
-    print(f"webfarm: the crawl was forced to stop before it finished; {given} leases went "
-          "back to the frontier for the next worker", file=sys.stderr)
+    said = (f"webfarm: the crawl was forced to stop before it finished; {given} leases went "
+            "back to the frontier for the next worker")
+    print(said, file=sys.stderr)
+    if any(getattr(c, "settings", {}).get("LOG_FILE") for c in crawlers):
+        logging.getLogger(__name__).error(said)  # scrapyd's job log (LOG_FILE) too
     return 1
 
 
