@@ -58,7 +58,7 @@ def test_helpers_hash_like_the_crawler_process_and_outside_it():
     assert hashing.pids() == []  # closed: no helper left running
 
 
-def test_a_killed_helper_is_replaced_and_the_page_hashed_again():
+def test_a_killed_helper_is_replaced_and_the_page_hashed_again(caplog):
     hashing = hasher()
 
     async def test():
@@ -72,6 +72,8 @@ def test_a_killed_helper_is_replaced_and_the_page_hashed_again():
     pid, result, pids, restarts = session(test, hashing)
     assert result == EXPECTED
     assert restarts == 1 and pids and pids != [pid]
+    # named for what it is: a killed hashing helper was logged as "the storage process"
+    assert f"The hashing process (pid {pid}) died; starting a new one" in caplog.text
 
 
 def test_a_page_the_hash_function_rejects_raises_its_own_error():

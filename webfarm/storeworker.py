@@ -158,12 +158,12 @@ class StorageProcess:
             await proc.stdin.drain()
         except (ConnectionError, OSError) as exc:
             pending.pop(call_id, None)
-            raise StorageProcessDied(f"the storage process died ({exc})") from exc
+            raise StorageProcessDied(f"the {self.role} process died ({exc})") from exc
         return await future
 
     async def _ensure(self) -> asyncio.subprocess.Process:
         if self._closed:
-            raise StorageProcessDied("the storage process is closed (the crawl is ending)")
+            raise StorageProcessDied(f"the {self.role} process is closed (the crawl is ending)")
         if self._proc is not None and self._proc.returncode is None and not self._reader_done():
             return self._proc
         if self._starting is None:
@@ -172,7 +172,7 @@ class StorageProcess:
             if self._proc is None or self._proc.returncode is not None or self._reader_done():
                 if self._proc is not None:
                     self.restarts += 1
-                    logger.warning("The storage process (pid %d) died; starting a new one",
+                    logger.warning("The %s process (pid %d) died; starting a new one", self.role,
                                    self._proc.pid)
                 await self._start()
             assert self._proc is not None
@@ -229,7 +229,7 @@ class StorageProcess:
                     result = pickle.loads(data)
                 except Exception as exc:  # e.g. a class this process cannot import
                     future.set_exception(RemoteStoreError(
-                        f"the storage process's reply could not be read: {exc}"))
+                        f"the {self.role} process's reply could not be read: {exc}"))
                     continue
                 if ok:
                     future.set_result(result)
@@ -246,7 +246,7 @@ class StorageProcess:
             for future in pending.values():
                 if not future.done():
                     future.set_exception(StorageProcessDied(
-                        f"the storage process died with the call in flight ({reason}); "
+                        f"the {self.role} process died with the call in flight ({reason}); "
                         "it is retried in a new one"))
             pending.clear()
 
