@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import socket
+import subprocess
 
 import pymongo
 import pytest
@@ -314,7 +316,16 @@ def test_frontier_table_json_and_reset(stores, client):
           "(vm1:81:a1b2c3); stop them first")
     frontier.release_worker("vm1:81:a1b2c3")  # as a worker closing does
     frontier.pop("vm2:82:d4e5f6")
-    fails(run(stores, "frontier", "generic", "--reset"), 2, "(vm2:82:d4e5f6)")
+    fails(run(stores, "frontier", "generic", "--reset"), 2, "(vm2:82:d4e5f6); stop them")
+    # A worker of this machine killed with kill -9 still counts: said as gone, not as live.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    killed = f"{socket.gethostname()}:{gone.pid}:0a0b0c"
+    frontier.pop(killed)
+    fails(run(stores, "frontier", "generic", "--reset", "--yes"), 2,
+          f"; 1 of them ({killed}) named this machine and no process of theirs runs here: "
+          "killed, they count until 2 minutes after their last exchange; stop them first")
+    frontier.release_worker(killed)
     fails(run(stores, "frontier", "generic", "--reset", "--force"), 2, "add --yes to confirm")
     assert frontier.counts()["queued"] == 6  # quiet.test's, given back by vm1
     out = ok(run(stores, "frontier", "generic", "--reset", "--yes", "--force"))

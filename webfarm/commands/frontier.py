@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 from typing import Any, ClassVar
 
@@ -44,6 +45,7 @@ from webfarm.frontier import Frontier
 from webfarm.monitor import table as monitor_table
 from webfarm.monitor.alerts import resolve_all
 from webfarm.monitor.notify import Notifier
+from webfarm.procs import pid_alive
 from webfarm.proxies import health as proxy_health
 from webfarm.proxyconfig import proxies_from_settings
 
@@ -164,6 +166,19 @@ def proxy_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+
+def gone_here(worker: str) -> bool:
+    """Whether a worker name (``HOST:PID:TOKEN``) names this machine and a process that is
+    not running: a worker killed with ``kill -9`` still counts as running for 2 minutes,
+    and ``--reset`` named it with no word that it was gone. Said, never assumed: another
+    container with this host name has its own process ids."""
+    parts = worker.split(":")
+    if len(parts) < 3 or not parts[-2].isdigit():
+        return False
+    host, pid = ":".join(parts[:-2]), int(parts[-2])
+    return host == socket.gethostname() and not pid_alive(pid)
+
+
 class Command(ScrapyCommand):
     requires_project = True
     requires_crawler_process = False
@@ -271,10 +286,14 @@ class Command(ScrapyCommand):
         if running and not force:
             # A worker running on keeps what it holds and pushes the links it finds into
             # the new, empty frontier, and took the reset for Redis losing its writes.
+            gone = [w for w in running if gone_here(w)]
+            note = (f"; {len(gone)} of them ({', '.join(gone[:5])}) named this machine and "
+                    "no process of theirs runs here: killed, they count until 2 minutes "
+                    "after their last exchange" if gone else "")
             raise CommandError(
                 f"--reset: {len(running)} worker(s) of {frontier.spider} exchanged with the "
                 f"frontier in the last 2 minutes ({', '.join(running[:5])}"
-                f"{', …' if len(running) > 5 else ''}); stop them first (Ctrl-C, or "
+                f"{', …' if len(running) > 5 else ''}){note}; stop them first (Ctrl-C, or "
                 "scrapyd's cancel), or add --force to reset under them", BAD_INPUT)
         c = frontier.counts()
         what = (f"the whole frontier {frontier.prefix} on {where(frontier)}: {c['queued']:,} "
