@@ -13,7 +13,8 @@ without a Redis round trip unless it left over a tenth of the host's delay late
 leaves instead (:mod:`webfarm.download`), so browser requests are left alone here.
 
 Last of the middlewares that may hold a request (robots.txt at 100, the proxies at 740):
-priority 940.
+priority 940. So it also notes when each request leaves (``webfarm.queue.SENT_AT``): its
+page's ``fetched_at``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from scrapy import Request, Spider
 from scrapy.crawler import Crawler
 
 from webfarm import signals as wf_signals
-from webfarm.queue import HANDED_OUT
+from webfarm.queue import HANDED_OUT, SENT_AT
 
 PROMPT = 0.02  # seconds after its hand-out within which a request is not late at any delay
 
@@ -40,6 +41,7 @@ class DepartureMiddleware:
         return cls(crawler)
 
     async def process_request(self, request: Request, spider: Spider | None = None) -> None:
+        request.meta[SENT_AT] = time.time()  # the page's fetched_at (webfarm.queue.SENT_AT)
         handed = request.meta.get(HANDED_OUT)
         if handed is None or request.meta.get("playwright"):
             return

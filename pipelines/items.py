@@ -32,7 +32,7 @@ from webfarm.batching import (
     engine_idle,
     recheck_on_responses,
 )
-from webfarm.items import PageItem, source_of
+from webfarm.items import ItemSource, PageItem, source_of
 from webfarm.itemstore import ItemEntry, ItemError, ItemStore, index_fields, make_entry
 from webfarm.keyclash import KeyClashes
 from webfarm.threads import StorageCalls, storage_calls
@@ -40,6 +40,17 @@ from webfarm.urls import canonical_url
 
 logger = logging.getLogger(__name__)
 
+
+
+def extracted_at(source: ItemSource | None) -> dt.datetime:
+    """When an item's page was fetched (its request left), else now: an item stored by a
+    worker that stalled past its lease is older than another worker's of the same page,
+    and ``extracted_at`` is what the item store orders them by."""
+    sent = getattr(getattr(source, "page", None), "fetched_at", None)
+    if isinstance(sent, (int, float)) and sent > 0:
+        return min(dt.datetime.fromtimestamp(sent, dt.timezone.utc),
+                   dt.datetime.now(dt.timezone.utc))
+    return dt.datetime.now(dt.timezone.utc)
 
 class ItemStorePipeline:
     """Writes structured items to their collections (webfarm/itemstore.py), in batches."""
@@ -100,7 +111,7 @@ class ItemStorePipeline:
                 content_hash = await self.hasher.ensure(source.page)
         try:
             entry = make_entry(item, self.crawler.spider, url, content_hash,
-                               dt.datetime.now(dt.timezone.utc))
+                               extracted_at(source))
         except ItemError:
             self.stats.inc_value("webfarm/items/invalid")
             raise

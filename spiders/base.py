@@ -26,6 +26,7 @@ from webfarm.attrnames import spider_slips
 from webfarm.config import mask_credentials, whole_number
 from webfarm.items import ItemSource, PageItem, attach_source
 from webfarm.links import MAX_LINKS_PER_PAGE, extract_links, has_anchors
+from webfarm.queue import SENT_AT
 from webfarm.recrawl import GONE_STATUSES
 from webfarm.recrawl import META_KEY as RECRAWL
 from webfarm.render import check_render_arguments
@@ -266,7 +267,9 @@ class WebfarmSpider(scrapy.Spider):
             encoding=response.encoding if isinstance(response, TextResponse) else None,
             headers={k.decode("latin-1"): b",".join(v).decode("latin-1")
                      for k, v in response.headers.items()},
-            fetched_at=time.time(),
+            # when the request left, not when this callback ran: after a stall past the
+            # lease, the later of two workers' fetches must win (webfarm.queue.SENT_AT)
+            fetched_at=response.meta.get(SENT_AT) or time.time(),
             etag=etag.decode("latin-1") if etag else None,
             last_modified=last_modified.decode("latin-1") if last_modified else None,
             not_modified=response.status == 304,

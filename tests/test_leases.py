@@ -93,3 +93,39 @@ def test_a_page_that_kills_its_worker_is_dead_lettered(shop, stores, tmp_path):
     assert crawlcheck.stat(last, "webfarm/frontier/dead_unfetched") == 1
     servers.wait_for(lambda: crawlcheck.frontier(stores["REDIS_URL"]).counts()["leased"] == 0,
                      5, "no lease left")
+
+
+def test_a_worker_stalled_past_its_lease_does_not_write_its_older_fetch_over_the_newer(
+        shop, stores, tmp_path):
+    """A probe: worker A stopped (SIGSTOP) with a page in flight, B took the lease over
+    and stored the page, and A, resumed, stored its older copy over B's: the page's
+    fetched_at was the time A's callback ran, after the stall. It is now when the request
+    left, and A's write is superseded."""
+    base = shop.base_urls[0]
+    versions = []
+
+    def versioned(info):
+        versions.append(time.time())
+        n = len(versions)
+        time.sleep(3.0)
+        return Response(200, {"Content-Type": "text/html"},
+                        f"<html><body><h1>version {n}</h1></body></html>".encode())
+
+    shop.route(SLOW, versioned)
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0", WEBFARM_LEASE_SECONDS="2",
+                         WEBFARM_IDLE_TIMEOUT="2")
+    a = runner.popen(["crawl", "generic", "-a", f"start={base}{SLOW}"], env, tmp_path / "a.log")
+    servers.wait_for(lambda: versions, 60, "worker a asking for the page")
+    a.send_signal(signal.SIGSTOP)  # stalled with its request in flight
+    try:
+        b = runner.scrapy(["crawl", "generic", "-a", f"domains={host_of(base)}"], env, 90)
+        assert b.returncode == 0 and len(versions) == 2, b.output[-3000:]
+    finally:
+        a.send_signal(signal.SIGCONT)
+    assert a.wait(60) == 0
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    [page] = list(db.pages.find({"url": f"{base}{SLOW}"}))
+    # B's fetch stands: stored once, never changed back to A's older version 1
+    assert (page["fetch_count"], page["change_count"]) == (1, 0), page
+    assert abs(page["fetched_at"].timestamp() - versions[1]) < 1.0
+    assert crawlcheck.stat((tmp_path / "a.log").read_text(), "webfarm/index/superseded") == 1

@@ -34,6 +34,10 @@ LEASE = "webfarm_lease"
 ATTEMPTS = "webfarm_attempts"  # meta key: the tries the frontier has counted before this one
 #: meta key: when (time.monotonic()) the frontier handed the request out to this worker
 HANDED_OUT = "webfarm_handed_out"
+#: meta key: when (time.time()) the request left for its server, the page's fetched_at: a
+#: worker stalled past its lease wrote its older fetch over another worker's newer one
+#: when fetched_at was the time its callback ran, after the stall
+SENT_AT = "webfarm_sent_at"
 #: meta key: fetched by the worker that made the request, never queued in Redis (a login
 #: form's POST: its password stays on that worker, whose own cookie jar gets the session)
 LOCAL = "webfarm_local"

@@ -75,6 +75,7 @@ from webfarm.queue import (
     HANDED_OUT,
     LEASE,
     LOCAL,
+    SENT_AT,
     UnfetchableURL,
     decode_request,
     open_frontier,
@@ -267,6 +268,7 @@ class Scheduler(BaseScheduler):
         request.meta.pop(LEASE, None)
         request.meta.pop(ATTEMPTS, None)
         request.meta.pop(HANDED_OUT, None)
+        request.meta.pop(SENT_AT, None)
         if request.meta.get(LOCAL):  # as Scrapy's own scheduler would, in this worker
             if not request.dont_filter:
                 fingerprint = self.crawler.request_fingerprinter.fingerprint(request)
