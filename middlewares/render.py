@@ -142,6 +142,11 @@ class RenderMiddleware:
     def _read_spider(self, spider: Spider) -> None:
         raw = getattr(spider, "render", None)
         self.spider_mode = parse_mode(raw, f"{spider.name}.render") if raw else None
+        if self.spider_mode == "api" and self.api is None:
+            # -a render=api dead-lettered every page, start URL first, and exited 0
+            raise RenderConfigError(f"{spider.name}'s render mode is 'api' (-a render=api or "
+                                    "its render attribute) but WEBFARM_FETCH_API_URL is unset; "
+                                    "set it (and WEBFARM_FETCH_API_KEY) or drop the 'api' mode")
         self.check = check_render_check(getattr(spider, "render_check", None),
                                         f"{spider.name}.render_check")
 

@@ -211,6 +211,19 @@ def test_a_setting_a_component_refuses_fails_in_one_line(good, web, setting, mes
     assert web.hits == []
 
 
+def test_the_api_render_mode_without_a_fetch_api_fails_in_one_line(good, web):
+    """-s WEBFARM_RENDER=api was refused at start, -a render=api was not: it dead-lettered
+    the start URL and exited 0."""
+    for args in (["-a", "render=api"], ["-s", "WEBFARM_RENDER=api"]):
+        result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/", *args],
+                               runner.env_for(**good), timeout=60)
+        assert result.returncode == 1 and "Traceback" not in result.output, result.output[-2000:]
+        errors = [line for line in result.stderr.splitlines() if line.startswith("webfarm:")]
+        assert len(errors) == 1 and "render mode is 'api'" in errors[0] and \
+            "WEBFARM_FETCH_API_URL is unset" in errors[0], result.stderr[-2000:]
+    assert web.hits == []
+
+
 def test_an_error_that_is_not_a_setting_s_keeps_its_traceback(good, web):
     result = runner.scrapy(["crawl", "generic", "-a", f"start={web.base_urls[0]}/",
                             "-s", 'DOWNLOADER_MIDDLEWARES={"no.such.Mw": 5}'],
