@@ -58,6 +58,7 @@ from webfarm.render import (
     RenderConfigError,
     check_contexts,
     check_render_check,
+    empty_root_of,
     has_browser_handler,
     host_key,
     judgeable,
@@ -220,6 +221,12 @@ class RenderMiddleware:
             meta["playwright"] = True
             if isinstance(self.check, str) and not await self._check_missing(request):
                 meta[browser.WAIT_FOR] = self.check  # a page complete once it matches
+            elif (self.check is None and (root := empty_root_of(meta.get(META_REASON)))
+                  and not await self._check_missing(request)):
+                # Sent for an empty app root: complete once the root holds an element. A
+                # page that fills it after load (a timer, a fetch) was read at load, empty,
+                # stored so, and the host then took empty roots for no sign at all.
+                meta[browser.WAIT_FOR] = f"#{root} > *"
         elif rung == "api":
             meta.pop("playwright", None)
             return await self._via_api(request)

@@ -288,6 +288,35 @@ def test_a_render_waits_for_the_render_check_selector(web, stores):
     assert stat(result, "webfarm/render/wrong_guess") == 1  # /never only
 
 
+def test_a_page_sent_for_its_empty_app_root_is_read_once_the_root_is_filled(web, stores):
+    """A probe: pages filling their app root after load (a 300 ms timer, a fetch of JSON)
+    were rendered, read at load with the root still empty, stored so, and counted as
+    wrong guesses; the host then took empty roots for no sign at all. With no
+    render_check, such a render now waits for the root to hold an element."""
+    base = web.base_urls[0]
+    web.route("/timer", Response.html(
+        "<!doctype html><html><head><title>timer</title></head><body><div id='root'></div>"
+        "<script>setTimeout(function () { document.getElementById('root').innerHTML = "
+        "'<h1>Rake</h1><p>made by a timer after load</p>'; }, 300);</script></body></html>"),
+        host=base, prefix=False)
+    web.route("/fetched", Response.html(
+        "<!doctype html><html><head><title>fetched</title></head><body><div id='app'></div>"
+        "<script>fetch('/data.json').then(r => r.json()).then(d => {"
+        "document.getElementById('app').innerHTML = '<h1>' + d.name + '</h1>'; });"
+        "</script></body></html>"), host=base, prefix=False)
+    web.route("/data.json", Response(200, {"Content-Type": "application/json"},
+                                     b'{"name": "Hoe from the API"}'), host=base, prefix=False)
+    result = crawl(runner.env_for(**stores, WEBFARM_RENDER_PROBE_RATE="0"),
+                   "-a", f"start={base}/timer,{base}/fetched")
+    stored = pages(stores)
+    assert "made by a timer after load" in body_of(stores, stored[f"{base}/timer"])
+    assert "Hoe from the API" in body_of(stores, stored[f"{base}/fetched"])
+    assert {stored[u]["fetch_method"] for u in (f"{base}/timer", f"{base}/fetched")} == {
+        "browser"}
+    assert stat(result, "webfarm/render/wrong_guess") == 0
+    assert stat(result, "webfarm/render/check_wait_timeouts") == 0
+
+
 def test_a_render_check_no_page_matches_is_said_once(web, stores):
     """A slip in the selector sends every page to the browser, for nothing; it was said
     at INFO, page by page, as 'the browser added nothing'."""

@@ -275,10 +275,10 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
             self.stats.inc_value("webfarm/render/check_wait_timeouts")
             missed += 1
             if not found and missed == CHECK_MISSES:
-                logger.warning("Render: render_check %r did not appear in %d renders of %s "
-                               "within WEBFARM_RENDER_CHECK_WAIT (%gs): renders there no "
-                               "longer wait for it, in any worker (is the selector right?)",
-                               selector, missed, host, self.check_wait)
+                logger.warning("Render: %r did not appear in %d renders of %s within "
+                               "WEBFARM_RENDER_CHECK_WAIT (%gs): renders there no longer wait "
+                               "for it, in any worker (a spider's render_check: is the "
+                               "selector right?)", selector, missed, host, self.check_wait)
                 await self.crawler.signals.send_catch_log_async(
                     wf_signals.render_check_missing, host=host, selector=selector)
         except Exception as exc:  # noqa: BLE001 - a closed page is found by what follows

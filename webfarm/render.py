@@ -183,6 +183,16 @@ def judgeable(response: Response) -> bool:
 EMPTY_ROOT = "empty app root"  # the sign's reason, as escalated pages carry it
 
 
+def empty_root_of(reason: object) -> str | None:
+    """The id of the empty app root a page was escalated for (``"empty app root #app"``),
+    else None."""
+    text = str(reason or "")
+    if not text.startswith(EMPTY_ROOT + " #"):
+        return None
+    root = text[len(EMPTY_ROOT) + 2:]
+    return root if root in APP_ROOT_IDS else None
+
+
 def needs_js(response: Response, check: RenderCheck = None, min_text: int = 50,
              rendered: bool = False, root_misleads: bool = False) -> str | None:
     """Why ``response`` (a plain HTTP fetch) is not the page a browser would show, or None.
