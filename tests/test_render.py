@@ -317,6 +317,26 @@ def test_a_page_sent_for_its_empty_app_root_is_read_once_the_root_is_filled(web,
     assert stat(result, "webfarm/render/check_wait_timeouts") == 0
 
 
+@pytest.mark.serial
+def test_the_host_delay_holds_between_http_fetches_and_the_host_s_first_render(web, stores):
+    """A probe: on a site mixing plain and JavaScript pages, an HTTP request handed out
+    after a render's reached the host 0.23-0.83 s before the render at a 1 s delay: the
+    host's first render was spaced from the last render only, and there was none.
+    (Timing at the server: marked serial.)"""
+    host = web.base_urls[1].split("//")[1]
+    site = JsSite(pages=6, is_js=lambda n: n in (1, 4), prefix="/m/").install(web, host)
+    result = crawl(runner.env_for(**stores, WEBFARM_HOST_DELAY="0.8",
+                                  WEBFARM_RENDER_PROBE_RATE="0"), "-a", f"start={site.url()}")
+    assert result.returncode == 0, result.output[-2000:]
+    assert stat(result, "webfarm/render/browser") == 2
+    pages_at = sorted(h.monotonic for h in web.hits_for(host=host)
+                      if h.path.startswith(site.prefix))  # not robots.txt, app.js, favicon
+    gaps = [b - a for a, b in zip(pages_at, pages_at[1:], strict=False)]
+    assert len(pages_at) == 9, pages_at  # home, 6 pages, 2 renders
+    short = [g for g in gaps if g < 0.8 * 0.9]
+    assert len(short) <= 1 and min(gaps) > 0.5, sorted(gaps)[:4]
+
+
 def test_a_render_check_no_page_matches_is_said_once(web, stores):
     """A slip in the selector sends every page to the browser, for nothing; it was said
     at INFO, page by page, as 'the browser added nothing'."""
