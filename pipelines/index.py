@@ -18,6 +18,7 @@ from webfarm.batching import (
     batch_options,
     engine_idle,
     recheck_on_responses,
+    retrying,
 )
 from webfarm.exceptions import ItemError
 from webfarm.index import IndexStore, PageRecord, RefetchPolicy, load_refetch_policy
@@ -48,6 +49,7 @@ class IndexPipeline:
         self.store = store
         self.stats = stats
         self.threads = threads
+        self.retry_seconds = retry_seconds
         self.batcher: Batcher[PageItem, PageRecord] = Batcher(
             self._write, size=batch_size, seconds=batch_seconds, retry_seconds=retry_seconds,
             what="index write", stats=stats, stat_prefix="webfarm/index", writers=writers,
@@ -71,7 +73,11 @@ class IndexPipeline:
         return pipeline
 
     async def open_spider(self) -> None:
-        await self.threads.run(self.store.ensure_indexes)
+        # MongoDB gone between the start-up check and here is waited out as a write is;
+        # the worker ended in a traceback after pymongo's 10 s (a probe).
+        await retrying(lambda: self.threads.run(self.store.ensure_indexes),
+                       what="creating the index's indexes", retry_seconds=self.retry_seconds,
+                       stats=self.stats, stat_prefix="webfarm/index")
 
     async def close_spider(self) -> None:
         await self.batcher.flush()

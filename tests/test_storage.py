@@ -467,3 +467,34 @@ def test_blob_writes_have_bounded_concurrency(tmp_path):
     s3 = S3BlobStore("b", endpoint_url="http://127.0.0.1:9", max_attempts=7)
     retries = s3.client.meta.config.retries  # botocore counts the first try in the total
     assert retries["mode"] == "standard" and retries["total_max_attempts"] == 8
+
+
+def test_indexes_are_created_through_a_mongodb_outage_at_start(own_mongo, mongo_db_name):
+    """A probe: MongoDB went down between a worker's start-up check and the index
+    pipeline's open; the worker ended in a traceback after pymongo's 10 s. Creating the
+    indexes is now waited out as a write is (WEBFARM_STORAGE_RETRY_SECONDS)."""
+    store = IndexStore(own_mongo.url, mongo_db_name, timeout_ms=1000)
+    crawler = get_crawler()
+    pipeline = IndexPipeline(store, crawler.stats, StorageThreads(2), retry_seconds=30)
+    client = pymongo.MongoClient(own_mongo.url)
+    client.admin.command("configureFailPoint", "failCommand", mode={"times": 3},
+                         data={"failCommands": ["createIndexes"], "errorCode": 2})
+    try:
+        asyncio.run(asyncio.wait_for(pipeline.open_spider(), 30))
+        names = {i["name"] for i in store.pages.list_indexes()}
+        assert "content_hash_1" in names, names
+    finally:
+        client.admin.command("configureFailPoint", "failCommand", mode="off")
+        client.close()
+        store.close()
+    # and past the window, one clear error, not a traceback from the pipeline's open
+    from webfarm.batching import StorageUnavailable
+
+    store = IndexStore(own_mongo.url, mongo_db_name, timeout_ms=1000)
+    pipeline = IndexPipeline(store, crawler.stats, StorageThreads(2), retry_seconds=2)
+    own_mongo.stop()
+    try:
+        with pytest.raises(StorageUnavailable, match=r"creating the index's indexes failed"):
+            asyncio.run(asyncio.wait_for(pipeline.open_spider(), 30))
+    finally:
+        store.close()

@@ -23,6 +23,7 @@ from scrapy.commands.crawl import Command as ScrapyCrawlCommand
 from scrapy.settings import BaseSettings
 
 from webfarm import config
+from webfarm.batching import StorageUnavailable
 from webfarm.commands._common import check_log_level, spider_settings
 from webfarm.netguard import NetGuard, NetGuardError
 from webfarm.refetch import RefetchConfigError, RefetchPolicy
@@ -107,7 +108,8 @@ def say_setting_error(settings: BaseSettings, task: asyncio.Future[Any]) -> None
     if task.cancelled() or (exc := task.exception()) is None:
         return
     name = _SETTING_NAME.match(str(exc))
-    if isinstance(exc, SETTING_ERRORS) or (
+    # a store down past WEBFARM_STORAGE_RETRY_SECONDS as the crawl opened says so itself
+    if isinstance(exc, (*SETTING_ERRORS, StorageUnavailable)) or (
             isinstance(exc, ValueError) and name is not None and name.group() in settings):
         print(f"webfarm: {exc}", file=sys.stderr)
         if settings.get("LOG_FILE"):
