@@ -265,9 +265,10 @@ OPS.arrive = function()
     local ms, who = string.match(last, '^(%d+) (.*)$')
     if ms and who ~= id then at = math.max(NOW, tonumber(ms) + delay) end
   else
-    -- The host's first render: hand-outs are not recorded in 'arrived' before it, so an
-    -- HTTP request handed out since this one's came 0.2 s before the render at a 1 s
-    -- delay. It waits for the host's next turn (at most one delay more than it needed).
+    -- The host's first render (or an HTTP request leaving late): hand-outs are not
+    -- recorded in 'arrived' before a render, so an HTTP request handed out since this
+    -- one's came 0.2 s before the render at a 1 s delay. It waits for the host's next
+    -- turn (at most one delay more than it needed).
     local turn = tonumber(redis.call('ZSCORE', K_READY, host) or
                           redis.call('ZSCORE', K_COOL, host) or '')
     if turn and turn > NOW then at = turn end
