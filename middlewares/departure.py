@@ -23,9 +23,10 @@ import time
 
 from scrapy import Request, Spider
 from scrapy.crawler import Crawler
+from scrapy.exceptions import IgnoreRequest
 
 from webfarm import signals as wf_signals
-from webfarm.queue import HANDED_OUT, SENT_AT
+from webfarm.queue import HANDED_OUT, LEASE_LOST, SENT_AT
 
 PROMPT = 0.02  # seconds after its hand-out within which a request is not late at any delay
 
@@ -44,8 +45,18 @@ class DepartureMiddleware:
         request.meta[SENT_AT] = time.time()  # the page's fetched_at (webfarm.queue.SENT_AT)
         handed = request.meta.get(HANDED_OUT)
         if handed is None or request.meta.get("playwright"):
+            _not_lost(request)
             return
         if time.monotonic() - handed < PROMPT:
             return
         await self.crawler.signals.send_catch_log_async(wf_signals.request_departure,
                                                         request=request)
+        _not_lost(request)
+
+
+def _not_lost(request: Request) -> None:
+    """IgnoreRequest for a request whose lease expired while this worker stalled: the
+    frontier handed it to another worker, which fetches it (webfarm.leaserenew)."""
+    if request.meta.get(LEASE_LOST):
+        raise IgnoreRequest(f"its lease expired while this worker stalled, and another worker "
+                            f"has it: {request.url} is not fetched here")

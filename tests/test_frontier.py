@@ -374,6 +374,52 @@ def test_a_renewed_lease_outlives_its_first_deadline(client: redis.Redis) -> Non
     assert f.ack([again.lease_id]) == 1
 
 
+def test_a_lease_lost_in_a_stall_is_found_and_its_request_dropped(client, redis_url):
+    """A probe: a worker stopped (SIGSTOP) past its lease, holding a request it had not
+    sent, fetched it when resumed, though another worker had it by then (fetch_count 2).
+    Asked before the request leaves, Redis says the lease is gone; the request is
+    dropped. One whose lease is still held is renewed instead."""
+    import scrapy
+    from scrapy.exceptions import IgnoreRequest
+
+    from middlewares.departure import _not_lost
+    from webfarm.leaserenew import LeaseRenewal
+    from webfarm.queue import HANDED_OUT, LEASE, LEASE_LOST
+
+    f = Frontier(client, "spider", default_delay=0, lease_seconds=0.3)
+    f.push([entry("h.test", "lost"), entry("k.test", "kept")])
+    lost, kept = f.pop("stalled"), f.pop("stalled")
+    stalled = time.monotonic() - 1.0  # handed out a second ago: past the 0.3 s lease
+    requests = {p.lease_id: scrapy.Request(url(p), meta={LEASE: p.lease_id,
+                                                         HANDED_OUT: stalled})
+                for p in (lost, kept)}
+    time.sleep(0.4)
+    assert f.renew([kept.lease_id]) == 1  # expired by the clock, but nobody took it yet
+    other = f.pop("other")  # takes the other one over
+    assert other is not None and url(other) == url(lost)
+    counted: dict[str, int] = {}
+
+    async def departures() -> None:
+        link = FrontierLink(f, "stalled", aio=AsyncFrontier(f, redis.asyncio.Redis.from_url(
+            redis_url)))
+        renewal = LeaseRenewal(0.3, requests, lambda k, n: counted.__setitem__(k, n))
+        renewal.link, renewal.frontier = link, f
+        try:
+            for request in requests.values():
+                await renewal.request_departure(request)
+        finally:
+            await link.aclose()
+
+    asyncio.run(departures())
+    gone, held = requests[lost.lease_id], requests[kept.lease_id]
+    assert gone.meta.get(LEASE_LOST) and not held.meta.get(LEASE_LOST)
+    assert counted == {"webfarm/frontier/leases_lost": 1}
+    with pytest.raises(IgnoreRequest, match="another worker has it"):
+        _not_lost(gone)
+    _not_lost(held)
+    assert f.ack([kept.lease_id]) == 1 and f.ack([other.lease_id]) == 1
+
+
 def test_an_exchange_says_which_worker_s_leases_it_took_back(client: redis.Redis) -> None:
     """A worker killed with kill -9 said nothing, nor did the one that took its leases
     back: the exchange now says how many, and whose (the scheduler logs it)."""

@@ -129,3 +129,4 @@ def test_a_worker_stalled_past_its_lease_does_not_write_its_older_fetch_over_the
     assert (page["fetch_count"], page["change_count"]) == (1, 0), page
     assert abs(page["fetched_at"].timestamp() - versions[1]) < 1.0
     assert crawlcheck.stat((tmp_path / "a.log").read_text(), "webfarm/index/superseded") == 1
+

@@ -177,6 +177,17 @@ class FrontierLink:
             self.error(exc)
             return 0.0
 
+    async def renew(self, lease_ids: list[str]) -> set[str] | None:
+        """Renew leases this worker still works on; those no longer held (expired while
+        it stalled, and handed out again), or None while Redis cannot say."""
+        if self.aio is None or self.waiting():
+            return None
+        try:
+            return await self.aio.renew(lease_ids)
+        except REDIS_ERRORS as exc:
+            self.error(exc)
+            return None
+
     def frontier_idle(self) -> bool | None:
         """Is the whole frontier empty (nothing queued, delayed or leased, by any worker)?
 

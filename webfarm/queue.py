@@ -38,6 +38,9 @@ HANDED_OUT = "webfarm_handed_out"
 #: worker stalled past its lease wrote its older fetch over another worker's newer one
 #: when fetched_at was the time its callback ran, after the stall
 SENT_AT = "webfarm_sent_at"
+#: meta key: the request's lease expired while this worker stalled, and the frontier
+#: handed it out again: another worker fetches it, this one drops it before it leaves
+LEASE_LOST = "webfarm_lease_lost"
 #: meta key: fetched by the worker that made the request, never queued in Redis (a login
 #: form's POST: its password stays on that worker, whose own cookie jar gets the session)
 LOCAL = "webfarm_local"

@@ -74,6 +74,7 @@ from webfarm.queue import (
     ATTEMPTS,
     HANDED_OUT,
     LEASE,
+    LEASE_LOST,
     LOCAL,
     SENT_AT,
     UnfetchableURL,
@@ -147,6 +148,7 @@ class Scheduler(BaseScheduler):
         connect(polite.host_limited, signal=wf_signals.host_limited)
         connect(polite.render_arrival, signal=wf_signals.render_arrival)
         connect(polite.request_departure, signal=wf_signals.request_departure)
+        connect(scheduler.renewal.request_departure, signal=wf_signals.request_departure)
         return scheduler
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -269,6 +271,7 @@ class Scheduler(BaseScheduler):
         request.meta.pop(ATTEMPTS, None)
         request.meta.pop(HANDED_OUT, None)
         request.meta.pop(SENT_AT, None)
+        request.meta.pop(LEASE_LOST, None)
         if request.meta.get(LOCAL):  # as Scrapy's own scheduler would, in this worker
             if not request.dont_filter:
                 fingerprint = self.crawler.request_fingerprinter.fingerprint(request)

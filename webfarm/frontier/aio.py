@@ -63,8 +63,16 @@ class AsyncFrontier:
         f = self.frontier
         reply = await self._script(keys=f._keys, args=[
             f.prefix, "arrive", host, lease_id, round(f.default_delay * 1000),
-            "1" if record else "0"])
+            "1" if record else "0", f.lease_ms])
         return int(reply) / 1000
+
+    async def renew(self, lease_ids: list[str]) -> set[str]:
+        """:meth:`Frontier.renew <webfarm.frontier.ends.FrontierEnds.renew>`, not blocking:
+        the leases of ``lease_ids`` no longer held."""
+        f = self.frontier
+        reply = await self._script(keys=f._keys, args=[f.prefix, "renew",
+                                                       *f._renew_args(lease_ids)])
+        return {r.decode() if isinstance(r, bytes) else str(r) for r in reply}
 
     async def is_idle(self) -> bool:
         """:meth:`Frontier.is_idle <webfarm.frontier.core.Frontier.is_idle>`, not blocking."""

@@ -30,7 +30,7 @@ class FrontierEnds:
         How many were still held."""
         if not lease_ids:
             return 0
-        return int(self._call("renew", *self._renew_args(lease_ids)))
+        return len(lease_ids) - len(self._call("renew", *self._renew_args(lease_ids)))
 
     def _renew_args(self, lease_ids: Sequence[str]) -> list[Any]:
         return [self.lease_ms, *lease_ids]

@@ -137,16 +137,17 @@ end
 
 -- renew: ARGV 3 lease ms, then the lease ids a live worker still works on: each is due
 -- lease ms from now again. A lease no longer held (acked, or expired: handed out again
--- under a new id) stays gone. Returns how many were renewed.
+-- under a new id) stays gone. Returns the ids no longer held.
 OPS.renew = function()
-  local deadline, n = NOW + tonumber(ARGV[3]), 0
+  local deadline, gone = NOW + tonumber(ARGV[3]), {}
   for i = 4, #ARGV do
     if redis.call('ZSCORE', K_LEASES, ARGV[i]) then
       redis.call('ZADD', K_LEASES, deadline, ARGV[i])
-      n = n + 1
+    else
+      gone[#gone + 1] = ARGV[i]
     end
   end
-  return n
+  return gone
 end
 
 -- release_worker: ARGV[3] worker. Walks the lease hash (in-flight requests only).
@@ -250,7 +251,8 @@ OPS.defer = function()
 end
 
 -- arrive: ARGV 3 host, 4 lease id, 5 default ms, 6 '0' for a late HTTP request (the host
--- joins 'arrived' only through a render) -> ms the request must still wait.
+-- joins 'arrived' only through a render), 7 lease ms (optional) -> ms the request must
+-- still wait.
 -- A render reaches the host some time after its hand-out (a page to open, a browser to
 -- start), so hand-outs spaced by the host's delay can arrive bunched. A render asks here
 -- just before it navigates: it goes a delay after the last request known to reach the
@@ -267,11 +269,17 @@ OPS.arrive = function()
   else
     -- The host's first render (or an HTTP request leaving late): hand-outs are not
     -- recorded in 'arrived' before a render, so an HTTP request handed out since this
-    -- one's came 0.2 s before the render at a 1 s delay. It waits for the host's next
-    -- turn (at most one delay more than it needed).
+    -- one's came 0.2 s before the render at a 1 s delay. When the host's next turn is
+    -- later than a delay after this one's hand-out (its lease's deadline, ARGV 7 lease
+    -- ms), another request was handed out (or the host deferred) since: wait for it.
     local turn = tonumber(redis.call('ZSCORE', K_READY, host) or
                           redis.call('ZSCORE', K_COOL, host) or '')
-    if turn and turn > NOW then at = turn end
+    local deadline = tonumber(redis.call('ZSCORE', K_LEASES, id) or '')
+    local lease_ms = tonumber(ARGV[7] or '')
+    if turn and turn > NOW and not (deadline and lease_ms and
+                                    turn <= deadline - lease_ms + delay) then
+      at = turn
+    end
   end
   if last or ARGV[6] ~= '0' then
     redis.call('HSET', K_ARRIVED, host, fmt_int(at) .. ' ' .. id)
