@@ -41,7 +41,6 @@ from webfarm.urls import canonical_url
 logger = logging.getLogger(__name__)
 
 
-
 def extracted_at(source: ItemSource | None) -> dt.datetime:
     """When an item's page was fetched (its request left), else now: an item stored by a
     worker that stalled past its lease is older than another worker's of the same page,
@@ -51,6 +50,7 @@ def extracted_at(source: ItemSource | None) -> dt.datetime:
         return min(dt.datetime.fromtimestamp(sent, dt.timezone.utc),
                    dt.datetime.now(dt.timezone.utc))
     return dt.datetime.now(dt.timezone.utc)
+
 
 class ItemStorePipeline:
     """Writes structured items to their collections (webfarm/itemstore.py), in batches."""

@@ -166,7 +166,6 @@ def proxy_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-
 def gone_here(worker: str) -> bool:
     """Whether a worker name (``HOST:PID:TOKEN``) names this machine and a process that is
     not running: a worker killed with ``kill -9`` still counts as running for 2 minutes,
