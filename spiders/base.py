@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import ipaddress
 import logging
 import time
 import weakref
@@ -30,7 +29,7 @@ from webfarm.queue import SENT_AT
 from webfarm.recrawl import GONE_STATUSES
 from webfarm.recrawl import META_KEY as RECRAWL
 from webfarm.render import check_render_arguments
-from webfarm.urls import host_of, scope_host, unfetchable
+from webfarm.urls import host_of, scope_host, unfetchable, within_domains
 
 logger = logging.getLogger(__name__)
 _PORTS = {"http": 80, "https": 443}
@@ -42,16 +41,6 @@ def _split(value: str | Iterable[str] | None) -> list[str]:
     if isinstance(value, str):
         value = value.split(",")
     return [v.strip() for v in value if v and v.strip()]
-
-
-def _ip6(name: str) -> str:
-    """An IPv6 address in one spelling (``::ffff:127.0.0.3`` is ``::ffff:7f00:3``)."""
-    if ":" not in name:
-        return name
-    try:
-        return ipaddress.IPv6Address(name).compressed
-    except ValueError:
-        return name
 
 
 #: The ``-a`` arguments the base class reads (``render*``: :mod:`webfarm.render`).
@@ -164,7 +153,7 @@ class WebfarmSpider(scrapy.Spider):
         scope = [urlsplit(f"//{h}") for h in self.hosts]
         # The offsite middleware compares bare host names; ``hosts`` keep the port.
         self.allowed_domains = sorted({p.hostname or "" for p in scope})
-        self._scope = [(_ip6(p.hostname or ""), p.port) for p in scope]  # for in_scope
+        self._within = within_domains(self.hosts)  # for in_scope
         self.max_pages = args["max_pages"]
         self.pages_seen = 0
         self._counted: weakref.WeakSet[Response] = weakref.WeakSet()
@@ -236,15 +225,7 @@ class WebfarmSpider(scrapy.Spider):
         parts = urlsplit(url)
         if parts.scheme not in _PORTS or not parts.hostname:
             return False
-        name = _ip6(parts.hostname)
-        if not name.isascii():  # links are punycode already; a URL of the spider's may not be
-            name = urlsplit("//" + host_of(url)).hostname or name
-        try:
-            port = parts.port or _PORTS[parts.scheme]
-        except ValueError:
-            return False
-        return any((name == host or name.endswith("." + host)) and want in (None, port)
-                   for host, want in self._scope)
+        return self._within is not None and self._within(url)
 
     def page_item(self, response: Response) -> PageItem:
         # The URL asked for: the first of its redirects, else the request's (a page whose

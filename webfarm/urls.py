@@ -339,14 +339,17 @@ def host_named(url: str, hosts: Iterable[str]) -> str:
 def within_domains(domains: Iterable[str]) -> Callable[[str], bool] | None:
     """Is a URL's host one of ``domains`` or a subdomain of one, as Scrapy's offsite filter
     judges ``allowed_domains`` (bare names: any port) and a WebfarmSpider its ``hosts``
-    (``host:port``: that port only); None when there are none (every host)."""
+    (``host:port``: that port only; ``WebfarmSpider.in_scope``); None when there are none
+    (every host). An IPv6 address matches in any spelling, an IDN as its punycode."""
     names = [_name_port(d.lower()) for d in domains if d]
     if not names:
         return None
 
     def within(url: str) -> bool:
         parts = urlsplit(url)
-        name = parts.hostname or ""
+        name = _ip6(parts.hostname or "")
+        if not name.isascii():  # links are punycode already; a URL of the spider's may not be
+            name = urlsplit("//" + host_of(url)).hostname or name
         try:
             port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
         except ValueError:
@@ -357,14 +360,21 @@ def within_domains(domains: Iterable[str]) -> Callable[[str], bool] | None:
     return within
 
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
+def _ip6(name: str) -> str:
+    """An IPv6 address in one spelling (``::ffff:127.0.0.3`` is ``::ffff:7f00:3``)."""
+    if ":" not in name:
+        return name
+    try:
+        return ipaddress.IPv6Address(name).compressed
+    except ValueError:
+        return name
 
 
 def _name_port(host: str) -> tuple[str, int | None]:
     """``host`` or ``host:port`` as (name, port or None)."""
     parts = urlsplit(f"//{host}")
     try:
-        return parts.hostname or host, parts.port
+        return _ip6(parts.hostname or host), parts.port
     except ValueError:
         return host, None
 
