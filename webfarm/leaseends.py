@@ -146,11 +146,8 @@ class LeaseEnds:
         reason = (f"gave up after {attempts} attempts, the last ended by its lease "
                   f"expiring: the worker holding it was killed or stalled past "
                   f"WEBFARM_LEASE_SECONDS ({allowed} allowed)")
-        logger.warning("Dead-lettered %s: %s", request, reason)
-        self._inc("webfarm/frontier/dead")
+        self._dead(lease, request, reason, None, None, tried=False)
         self._inc("webfarm/frontier/dead_unfetched")
-        assert self.link is not None and self.frontier is not None
-        self.link.op("dead", self.frontier._dead_args(lease, reason, tried=False))
         return True
 
     def _retry(self, lease: str, request: Request, reason: str, delay: float | None,
@@ -188,14 +185,16 @@ class LeaseEnds:
                                                                          self.retry_times)
 
     def _dead(self, lease: str, request: Request, reason: str, status: int | None,
-              error: str | None) -> None:
+              error: str | None, tried: bool = True) -> None:
+        """``tried``: False for a hand-out dead-lettered unfetched (no attempt spent)."""
         proxy = request.meta.get("webfarm_proxy")  # the rotation's id: never a secret
         if proxy and "proxy" not in reason:  # an operator first asks which one
             reason = f"{reason} (last through proxy {proxy})"
         logger.warning("Dead-lettered %s: %s", request, reason)
         self._inc("webfarm/frontier/dead")
         assert self.link is not None and self.frontier is not None
-        self.link.op("dead", self.frontier._dead_args(lease, reason, status=status, error=error))
+        self.link.op("dead", self.frontier._dead_args(lease, reason, status=status, error=error,
+                                                      tried=tried))
 
 
 def _spends(exc: BaseException) -> bool:

@@ -95,13 +95,11 @@ def check_types(settings: BaseSettings) -> None:
         if not _reads_as(settings, name, kind):
             raise ValueError(f"{name}={value!r} is not {kind} ({source}: {default!r}); fix "
                              f"{_where_set(settings, name)}")
-    for name, default, kind, source in _typed_defaults():
         # webfarm's numbers are seconds, counts, sizes or shares: none means anything below 0
         # (WEBFARM_HOST_DELAY=-1 crawled with no delay, WEBFARM_RECRAWL_INTERVAL=-5 was off)
-        if (kind != BOOLEAN and name.startswith("WEBFARM_") and name in settings
-                and name not in NOT_NEGATIVE and name not in BOUNDS
-                and settings.getfloat(name) < 0):
-            raise ValueError(f"{name}={settings[name]!r} is below 0; give 0 or more ({source}: "
+        if (kind != BOOLEAN and name.startswith("WEBFARM_") and name not in NOT_NEGATIVE
+                and name not in BOUNDS and settings.getfloat(name) < 0):
+            raise ValueError(f"{name}={value!r} is below 0; give 0 or more ({source}: "
                              f"{default!r}), in {_where_set(settings, name)}")
     for name, zero in NOT_NEGATIVE.items():
         if name in settings and settings.getint(name) < 0:
