@@ -22,7 +22,8 @@ empty robots.txt (allow all), treats network errors as allow all, follows up to
   middlewares like any request (the SSRF guard sees each one).
 * A fetched copy is good for ``WEBFARM_ROBOTS_CACHE_SECONDS`` (at most a day) and is
   shared through Redis (``webfarm:{SPIDER}:robots:<origin>``, the raw text only):
-  one worker fetches under a Redis lock, the others wait for its result.
+  one worker fetches under a Redis lock (renewed while it fetches, so a stopped worker's
+  lapses in ``WEBFARM_ROBOTS_LOCK_SECONDS``), the others wait for its result.
 * While a robots.txt is being fetched, every other request to that origin waits
   for the result (in this worker: on the same fetch; in others: on the lock); none
   slips through as "allowed". (Scrapy's waiters share one Deferred, which
@@ -73,7 +74,6 @@ from webfarm.robots import (
     ALLOW_ALL,
     DISALLOW_ALL,
     MAX_BYTES,
-    MAX_REDIRECTS,
     Fetched,
     Record,
     RobotsDisallowed,
@@ -129,7 +129,7 @@ class RobotsMiddleware:
         self.max_crawl_delay = settings.getfloat("WEBFARM_MAX_CRAWL_DELAY", 60.0)
         self.retry_after_max = settings.getfloat("WEBFARM_RETRY_AFTER_MAX", 3600.0)
         self.base_delay = host_delay(settings)
-        self.lock_seconds = (MAX_REDIRECTS + 1) * settings.getfloat("DOWNLOAD_TIMEOUT", 180) + 10
+        self.lock_seconds = settings.getfloat("WEBFARM_ROBOTS_LOCK_SECONDS", 15.0)
         spider = crawler.spider.name if crawler.spider else crawler.spidercls.name
         self.cache = SharedRobotsCache(crawl_redis_client(settings), spider, self.lock_seconds,
                                        keep_seconds=2 * self.cache_seconds)
@@ -294,6 +294,7 @@ class RobotsMiddleware:
             if isinstance(waited, Known):
                 return waited
             record = waited  # the other worker gave up: we hold the lock now
+        keeping = self.cache.keep(origin, token)
         try:
             fetched = await self._fetch(origin)
             if fetched.kind == "refused":
@@ -307,6 +308,8 @@ class RobotsMiddleware:
                                  self.cache_seconds, retry_in)
             await self.cache.write(origin, record)
         finally:
+            if keeping.running:
+                keeping.stop()
             await self.cache.unlock(origin, token)
         known = await self._known_from(origin, record)
         if known.kind == "rules":

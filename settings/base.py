@@ -101,6 +101,7 @@ WEBFARM_ROBOTS_RETRY_DELAY = 300.0  # seconds before an unreachable (5xx) robots
 # Unreachable this long without a cached copy: treat as "unavailable" (allow all); 0 = never.
 WEBFARM_ROBOTS_OUTAGE_ALLOW_AFTER = 30 * 86400.0
 WEBFARM_ROBOTS_WAIT = 30.0  # seconds to wait for another worker's robots.txt fetch
+WEBFARM_ROBOTS_LOCK_SECONDS = 15.0  # a fetching worker's claim, renewed while it lives
 WEBFARM_MAX_CRAWL_DELAY = 60.0  # a larger robots.txt Crawl-delay is capped (and logged)
 WEBFARM_RETRY_AFTER = True  # honour Retry-After on 429/503 by deferring the host
 WEBFARM_RETRY_AFTER_MAX = 3600.0  # a longer Retry-After is capped (and logged)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pymongo
@@ -130,3 +131,40 @@ def test_a_worker_stalled_past_its_lease_does_not_write_its_older_fetch_over_the
     assert abs(page["fetched_at"].timestamp() - versions[1]) < 1.0
     assert crawlcheck.stat((tmp_path / "a.log").read_text(), "webfarm/index/superseded") == 1
 
+
+
+def test_a_worker_stopped_while_it_fetches_robots_txt_hands_the_fetch_over(
+        shop, stores, tmp_path):
+    """A worker stopped mid robots.txt fetch kept the shared lock for (MAX_REDIRECTS+1) ×
+    DOWNLOAD_TIMEOUT + 10 s, 190 s by default: every other worker gave the host's requests
+    back until it lapsed. The lock is now short and renewed only by a live fetch."""
+    base = shop.base_urls[0]
+    asked: list[float] = []
+    release = threading.Event()
+
+    def robots(info):
+        asked.append(time.monotonic())
+        if len(asked) == 1:
+            release.wait(60)  # worker a's fetch: a stalls while it is out
+        return Response.text("User-agent: *\nDisallow: /private/\n")
+
+    shop.route("/robots.txt", robots)
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0", WEBFARM_LEASE_SECONDS="3",
+                         WEBFARM_ROBOTS_LOCK_SECONDS="1", WEBFARM_IDLE_TIMEOUT="3")
+    a = runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, tmp_path / "a.log")
+    try:
+        servers.wait_for(lambda: asked, 60, "worker a fetching robots.txt")
+        a.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        b = runner.scrapy(["crawl", "generic", "-a", f"domains={host_of(base)}"], env, 90)
+        assert b.returncode == 0, b.output[-3000:]
+    finally:
+        release.set()
+        a.send_signal(signal.SIGCONT)
+    assert a.wait(60) == 0
+    # b took the fetch over within its start, a lease and a lock, not after 190 s
+    assert len(asked) == 2 and asked[1] - started < 20, asked
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    pages = {doc["url"]: doc["fetch_count"] for doc in db.pages.find()}
+    assert set(pages) == shop.expected_pages(base) and set(pages.values()) == {1}
+    assert "Traceback" not in (tmp_path / "a.log").read_text()

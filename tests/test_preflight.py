@@ -311,6 +311,8 @@ def test_a_negative_idle_timeout_is_refused_in_process():
     ("WEBFARM_ALERT_SUCCESS_RATE", "5", "give a number 0 to 1 (a share of requests)"),
     ("WEBFARM_NEARDUP_DISTANCE", "-1", "give a number 0 to 64 (bits; WEBFARM_NEARDUP=False"),
     ("WEBFARM_INDEX_BATCH_SIZE", "0", "WEBFARM_INDEX_BATCH_SIZE='0' is out of range"),
+    # a lock of 0.1 s would lapse between its renewals
+    ("WEBFARM_ROBOTS_LOCK_SECONDS", "0.1", "give a number 1 or more (seconds)"),
 ])
 def test_numbers_out_of_their_range_are_refused_in_process(monkeypatch, setting, value,
                                                             message):

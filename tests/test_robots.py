@@ -229,8 +229,9 @@ def test_disallowed_never_fetched_even_by_the_first_burst_of_two_workers(web, st
         return Response.text(robots)
 
     web.route("/robots.txt", slow_robots, host=base)
+    # A 1 s lock, renewed by a's fetch however long it is out: b never fetches it too.
     environment = env(stores, WEBFARM_USER_AGENT=UA, WEBFARM_IDLE_TIMEOUT="2",
-                      WEBFARM_CONCURRENT_REQUESTS="3")
+                      WEBFARM_CONCURRENT_REQUESTS="3", WEBFARM_ROBOTS_LOCK_SECONDS="1")
     # Private URLs are seeds: they are popped at once, before robots.txt is known.
     starts = [u for u in urls if "/private/" in u] + [u for u in urls if "/private/" not in u]
     frontier = frontier_of(stores["REDIS_URL"])

@@ -48,6 +48,7 @@ BOUNDS: dict[str, tuple[str, Callable[[float], bool]]] = {
     "WEBFARM_REFETCH_MEMORY": ("1 or more", lambda v: v >= 1),
     "WEBFARM_FLUSH_INTERVAL": ("above 0 (seconds)", lambda v: v > 0),
     "WEBFARM_LEASE_SECONDS": ("above 0 (seconds)", lambda v: v > 0),
+    "WEBFARM_ROBOTS_LOCK_SECONDS": ("1 or more (seconds)", lambda v: v >= 1),
     "WEBFARM_OFFSITE_WAIT": ("0 or more (seconds)", lambda v: v >= 0),
     # below 0 ran the worker for ever, as 0 does, without a word
     "WEBFARM_IDLE_TIMEOUT": ("0 or more (seconds; 0: never stop)", lambda v: v >= 0),
