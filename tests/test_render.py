@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
 import threading
 import time
 import uuid
@@ -15,7 +17,7 @@ import redis
 import redis.asyncio
 from scrapy.settings import Settings
 
-from tests import runner
+from tests import runner, servers
 from tests.fetchapiserver import FetchAPIServer
 from tests.testweb import Response, TestWeb
 from tests.testweb.jspages import JsSite
@@ -837,3 +839,62 @@ def test_a_page_whose_script_leaves_the_site_is_not_stored_as_the_other_site(web
     assert result.output.count(f"sent the browser to {other}/about, outside the spider's "
                                "hosts: not stored") == 1
     assert frontier(redis_url).dead_letters() == []
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes started under ``pid`` (ours: the worker this test started)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def _browser_of(pid: int) -> int | None:
+    """The worker's Chromium: its browser process, not a renderer (``--type=``)."""
+    for child in _descendants(pid):
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"chrom" in args[0] and not any(a.startswith(b"--type=") for a in args):
+            return child
+    return None
+
+
+def test_a_chromium_killed_mid_crawl_is_said_and_loses_no_page(web, stores, tmp_path):
+    """A probe: Chromium killed under a worker left no line in its log (scrapy-playwright
+    says it at DEBUG). It is a WARNING, and the crawl still stores every page."""
+    host = web.base_urls[0].split("//")[1]
+    app = JsSite(pages=6, home_js=True).install(web, host)
+    env = runner.env_for(**stores, WEBFARM_RENDER_PROBE_RATE="0", WEBFARM_HOST_DELAY="0.5",
+                         WEBFARM_IDLE_TIMEOUT="2")
+    log = tmp_path / "worker.log"
+    proc = runner.popen(["crawl", "generic", "-s", "WEBFARM_AUTOTHROTTLE=False",
+                         "-a", f"start={app.url()}"], env, log)
+    try:
+        servers.wait_for(lambda: app.renders(app.path()) and _browser_of(proc.pid), 90,
+                         "the worker's first render")
+        os.kill(_browser_of(proc.pid), signal.SIGKILL)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    output = log.read_text()
+    assert "Traceback" not in output, output[-3000:]
+    assert "Chromium exited while the crawl ran" in output
+    assert int(re.search(r"'webfarm/render/browser_lost': (\d+)", output).group(1)) >= 1
+    stored = pages(stores)
+    assert set(stored) == app.all_urls()
+    assert {doc["fetch_method"] for doc in stored.values()} == {"browser"}

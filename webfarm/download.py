@@ -39,6 +39,9 @@ requests went out unchecked, with Chromium's own User-Agent. A popup is closed a
 opens, and every request of a page not routed by its own (a popup, a service worker)
 is refused at the browser context (stats ``webfarm/render/popups`` and
 ``webfarm/render/popup_requests_refused``).
+
+**Chromium's death.** scrapy-playwright says it at DEBUG only; a killed browser left no
+line in the log. It is a WARNING now, with stat ``webfarm/render/browser_lost``.
 """
 
 from __future__ import annotations
@@ -168,6 +171,7 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
             weakref.WeakKeyDictionary())
         self._own_pages: weakref.WeakSet[Page] = weakref.WeakSet()  # not popups
         self._openings: set[asyncio.Future[Page]] = set()  # own pages being opened
+        self._closing = False
         self._load_timeout_hosts = RecentHosts[None](host_memory_size(settings))  # said once
         # Per host: renders where the render_check selector came, and where it did not.
         self._check_seen = RecentHosts[tuple[int, int]](host_memory_size(settings))
@@ -356,6 +360,21 @@ class DownloadHandler(ScrapyPlaywrightDownloadHandler):
         self._openings.discard(opening)
         if not opening.cancelled() and opening.exception() is None:
             self._own_pages.add(opening.result())
+
+    async def _browser_disconnected_callback(self) -> None:
+        """Chromium gone while the crawl runs (killed, out of memory): said, where
+        scrapy-playwright logs it at DEBUG. The renders it held fail and are retried; the
+        next render launches it again."""
+        if not self._closing:
+            self.stats.inc_value("webfarm/render/browser_lost")
+            logger.warning("Chromium exited while the crawl ran (killed, or out of memory?): "
+                           "the renders it held are retried, and the next render launches "
+                           "it again")
+        await super()._browser_disconnected_callback()
+
+    async def _close(self) -> None:
+        self._closing = True  # the browser's end from here on is ours
+        await super()._close()
 
     async def _close_popup(self, page: Page) -> None:
         """Every new page of the context: a popup is closed. (A page's own "popup" event
