@@ -360,6 +360,10 @@ def test_dlq_list_requeue_and_purge(stores, client):
     assert "REASON" in table and "(not a request)" in table
     assert "gave up after 5 attempts: HTTP 503" in table and "http://a.test/1" in table
     assert "s3cret" not in table and "pw@" not in table and "http://***@b.test/3" in table
+    # the proxy error is past its column's 40 characters: cut, and said where it is whole
+    assert "TunnelError via http://***@proxy.test:8…" in table
+    assert table.splitlines()[-1] == ("(a cell ending in … is cut: --json has every reason "
+                                      "and error whole)")
 
     full = json.loads(ok(run(stores, "dlq", "generic", "--list", "--json", "--limit", "0")))
     assert (full["total"], full["matched"], full["listed"]) == (4, 4, 4)

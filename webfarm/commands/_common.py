@@ -149,13 +149,23 @@ class Column:
     width: int | None = None  # cut longer cells to this many characters
 
 
+def _cell(row: dict[str, Any], column: Column) -> str:
+    return " ".join(str(column.cell(row)).split())
+
+
+def cut_cells(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> bool:
+    """Whether :func:`render_table` cuts a cell of these rows (to say where it is whole)."""
+    return any(c.width is not None and len(_cell(row, c)) > c.width
+               for row in rows for c in columns)
+
+
 def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
     """An aligned text table; add a :class:`Column` to show one more value per row."""
     cells = [[c.header for c in columns]]
     for row in rows:
         line = []
         for c in columns:
-            text = " ".join(str(c.cell(row)).split())
+            text = _cell(row, c)
             if c.width is not None and len(text) > c.width:
                 text = text[: max(1, c.width - 1)] + "…"
             line.append(text)

@@ -34,6 +34,7 @@ from webfarm.commands._common import (
     BAD_CONFIG,
     Column,
     CommandError,
+    cut_cells,
     one_spider,
     open_spider_frontier,
     pipe_may_close,
@@ -276,6 +277,8 @@ class Command(ScrapyCommand):
         if shown:
             print()
             print(render_table(shown, LETTER_COLUMNS))
+            if cut_cells(shown, LETTER_COLUMNS):
+                print("(a cell ending in … is cut: --json has every reason and error whole)")
         if matched > len(shown):
             print(f"… {matched - len(shown):,} more (--limit 0 lists all)")
 
