@@ -45,17 +45,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from secrets import token_hex
-from typing import Any
 
 import redis
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.crawler import Crawler
-from scrapy.exceptions import DontCloseSpider
 from scrapy.statscollectors import StatsCollector
 from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.reactor import is_asyncio_reactor_installed
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 
@@ -86,6 +83,7 @@ from webfarm.redisconn import REDIS_ERRORS, async_redis_client, redis_client
 from webfarm.serialize import SerializationError
 from webfarm.sharedhosts import SharedHosts
 from webfarm.urls import spider_scope
+from webfarm.wakeup import Wakeup
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +97,6 @@ class Scheduler(BaseScheduler):
         self.crawler = crawler
         self.server = server
         self.stats: StatsCollector | None = crawler.stats
-        self.idle_timeout = settings.getfloat("WEBFARM_IDLE_TIMEOUT", 10.0)
         self.offsite_wait = settings.getfloat("WEBFARM_OFFSITE_WAIT", 60.0)
         self._cookies_said = settings.getbool("COOKIES_ENABLED")  # nothing to say then
         self._slot_said = False
@@ -119,17 +116,14 @@ class Scheduler(BaseScheduler):
         self.link: FrontierLink | None = None
         self._inflight: dict[str, Request] = {}
         # acks, retries, dead letters; a request given back may be due before the next poll
-        self.ends = LeaseEnds(settings, self._inflight, self._inc, self._poll_now)
+        self.wakeup = Wakeup(crawler)  # when the engine asks again; the idle close
+        self.ends = LeaseEnds(settings, self._inflight, self._inc, self.wakeup.poll_now)
         self.renewal = LeaseRenewal(settings.getfloat("WEBFARM_LEASE_SECONDS", 600.0),
                                     self._inflight, self._inc)
         self._popped: deque[Popped] = deque()  # leased in the last exchange, not handed out
         self._local: deque[Request] = deque()  # meta[LOCAL]: this worker's own, not queued
         self._local_seen: set[bytes] = set()  # their fingerprints (Scrapy's own dupefilter)
         self.polite = Politeness(settings, self._inc)  # host delays, deferrals, turns
-        self._next_poll = 0.0
-        self._wake_call: Any = None
-        self._empty_since: float | None = None
-        self.waiting = advice.WaitingNotice(settings.getfloat("LOGSTATS_INTERVAL", 60.0))
         self._loop: LoopingCall | None = None
         self.shared: SharedHosts | None = None  # hosts another spider crawls too
 
@@ -186,7 +180,7 @@ class Scheduler(BaseScheduler):
         self.link = FrontierLink(self.frontier, self.worker, self.stats, aio,
                                  on_exchange=self._exchanged,
                                  leases_held=lambda: len(self._inflight),
-                                 on_idle_answer=self._wake,
+                                 on_idle_answer=self.wakeup.wake,
                                  on_lost_writes=self._frontier_lost_writes,
                                  host_memory=self.polite.delays.memory)
         self.ends.open(self.link, self.frontier)
@@ -210,8 +204,7 @@ class Scheduler(BaseScheduler):
         self.renewal.close()
         if self.shared is not None:
             self.shared.close()
-        if self._wake_call is not None and self._wake_call.active():
-            self._wake_call.cancel()
+        self.wakeup.cancel()
         if self.link is None or self.link.aio is None:
             self._close()
             return None
@@ -368,9 +361,9 @@ class Scheduler(BaseScheduler):
         assert link is not None
         if link.waiting():
             return False
-        if now < self._next_poll and not link.push:
+        if now < self.wakeup.next_poll and not link.push:
             # The reactor may wake us a hair early: always keep a wake-up pending.
-            self._wake_in(self._next_poll - now)
+            self.wakeup.wake_in(self.wakeup.next_poll - now)
             return False
         size = self._pop_size()
         if link.start(size):
@@ -379,7 +372,7 @@ class Scheduler(BaseScheduler):
         if exchange is None:
             return False
         if not exchange.popped:
-            self._idle_until(exchange.ready_in)
+            self.wakeup.idle_until(exchange.ready_in)
             return False
         self._popped.extend(exchange.popped)
         return True
@@ -402,10 +395,7 @@ class Scheduler(BaseScheduler):
 
     def _exchanged(self, result: Exchange, pop: int, later: bool) -> None:
         if sum(result.enqueued) or result.popped:
-            # The frontier holds work again: lift the idle poll gate, or the engine would
-            # get one request per batch of links until the gate expires (a starved crawl).
-            self._next_poll = 0.0
-            self._empty_since = None  # work came: the frontier's idle time starts again
+            self.wakeup.work_came()
             self.link.forget_idle_answer()
         if self.shared is not None:
             for popped in result.popped:
@@ -415,64 +405,14 @@ class Scheduler(BaseScheduler):
         if result.popped:
             self._popped.extend(result.popped)
         elif pop:
-            self._idle_until(result.ready_in)
-        self._wake()  # the engine asks again: for these leases, new work, or to see it is idle
-
-    def _idle_until(self, ready_in: float | None) -> None:
-        """Nothing ready: ask again when the frontier says, at most a second from now
-        (another worker may push meanwhile)."""
-        wait = 1.0 if ready_in is None else min(max(ready_in, 0.01), 1.0)
-        self._next_poll = time.monotonic() + wait
-        self._wake_in(wait)
-
-    def _wake_in(self, wait: float) -> None:
-        """Have the engine ask again in ``wait`` s (or sooner, if already planned)."""
-        if self._wake_call is not None and self._wake_call.active():
-            if self._wake_call.getTime() <= reactor.seconds() + wait:
-                return
-            self._wake_call.cancel()  # a host is ready sooner than the pending wake-up
-        self._wake_call = reactor.callLater(max(wait, 0.001), self._wake)
-
-    def _poll_now(self) -> None:
-        self._next_poll = 0.0
-        self._wake()
-
-    def _wake(self) -> None:
-        slot = getattr(self.crawler.engine, "_slot", None)
-        if slot is not None:
-            slot.nextcall.schedule()
+            self.wakeup.idle_until(result.ready_in)
+        self.wakeup.wake()  # the engine asks again: for the leases, new work, or to see it idle
 
     # -- closing when there is nothing left -------------------------------------------------
 
     def spider_idle(self, spider: Spider) -> None:
-        """Keep the worker until the whole frontier (every worker's share; for a spider
-        with ``allowed_domains``, of those hosts) stayed empty for
-        ``WEBFARM_IDLE_TIMEOUT`` seconds; 0 keeps it forever. Under the asyncio
-        reactor nothing here waits for Redis: what is held and the check are sent, and
-        the engine asks again when they are back."""
-        link = self.link
-        if link.waiting():  # Redis unreachable: asked again after the backoff
-            raise DontCloseSpider
-        link.tick()  # links and acks held go first: the check must see them
-        if self.idle_timeout <= 0 or link.waiting() or link.push or link.in_flight:
-            raise DontCloseSpider
-        idle = link.frontier_idle()
-        if idle is None:
-            raise DontCloseSpider
-        if not idle:
-            self._empty_since = None
-            self.waiting.idle_with_work(self.stats, self.spider.name if self.spider else "",
-                                        self.frontier.last_ready_in)
-            raise DontCloseSpider
-        now = time.monotonic()
-        if self._empty_since is None:
-            self._empty_since = now
-        if now - self._empty_since < self.idle_timeout:
-            self._idle_until(min(1.0, self.idle_timeout))
-            raise DontCloseSpider
-        advice.explain_at_close(self.stats, self.spider.name if self.spider else "",
-                                self.frontier, now - self._empty_since,
-                                stores_pages=callable(getattr(self.spider, "page_item", None)))
+        """Keep the worker until the whole frontier stayed empty (:class:`Wakeup`)."""
+        self.wakeup.spider_idle(self.link, self.frontier, spider)
 
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None and count:
