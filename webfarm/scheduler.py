@@ -29,7 +29,9 @@ What it adds to a plain scheduler, and why:
 
 What is held for Redis and the calls that carry it live in
 :class:`~webfarm.frontierlink.FrontierLink`; this module decides what to send, and
-:class:`~webfarm.leaseends.LeaseEnds` how each lease ends.
+:class:`~webfarm.leaseends.LeaseEnds` how each lease ends,
+:class:`~webfarm.leaserenew.LeaseRenewal` keeps the leases of slow pages, and
+:class:`~webfarm.wakeup.Wakeup` when the engine asks again and when an idle worker closes.
 
 Scrapy has no "request finished" hook, so the scheduler wraps the engine's
 ``_handle_downloader_output`` — the one place every request's download ends and
