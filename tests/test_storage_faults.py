@@ -199,3 +199,25 @@ def test_storage_process_killed_mid_crawl_loses_nothing(web, redis_url, mongo_ur
 
     assert_every_page_once(web, base, db, set(open_blob_store(blobs.as_uri()).iter_keys()))
     assert {d["fetch_count"] for d in db.pages.find()} == {1}  # no page counted twice
+
+
+def test_writes_acknowledged_to_the_crawl_outlive_a_mongodb_crash(web, redis_url, own_mongo,
+                                                                  tmp_path):
+    """A probe: SecantusDB killed (kill -9) mid-crawl lost page writes it had acknowledged,
+    and whose leases were acknowledged with them: those pages were never fetched again
+    (w:1 without j is acknowledged before the journal reaches the disk). Writes are
+    journaled now."""
+    base = web.base_urls[0]
+    env = crawl_env(web, redis_url, own_mongo.url, "crash", f"file://{tmp_path / 'blobs'}",
+                    WEBFARM_STORAGE_RETRY_SECONDS="120")
+    log = tmp_path / "crawl.log"
+    proc = runner.popen(["crawl", "generic", "-a", f"start={base}/"], env, log)
+    stored = wait_pages(own_mongo.url, "crash", 8)
+    own_mongo.stop(signal.SIGKILL)  # a crash: what it acknowledged must still be there
+    own_mongo.start()
+    finish(proc, log)
+    assert stored < len(web.expected_pages(base))  # killed mid-crawl
+    db = pymongo.MongoClient(own_mongo.url)["crash"]
+    blob_keys = {str(p.relative_to(tmp_path / "blobs")) for p in (tmp_path / "blobs").rglob("*")
+                 if p.is_file() and not p.name.endswith(".meta.json")}
+    assert_every_page_once(web, base, db, blob_keys)

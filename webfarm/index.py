@@ -37,7 +37,7 @@ from scrapy.crawler import Crawler
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from webfarm import neardup
-from webfarm.bulkwrite import WriteOp, write_unordered
+from webfarm.bulkwrite import WriteOp, durable, write_unordered
 from webfarm.refetch import duration, stored_later
 from webfarm.urlcounts import CountMoves, count_ops, counted_by_insert, forget_orphans
 from webfarm.urls import canonical_url, url_fingerprint
@@ -142,7 +142,7 @@ class IndexStore:
         # connections to MongoDB.
         self.client: pymongo.MongoClient = pymongo.MongoClient(
             uri, serverSelectionTimeoutMS=timeout_ms, tz_aware=True, retryWrites=True,
-            connect=False,
+            connect=False, **durable(uri),
         )
         # Pickled as what opens it again (the storage process gets a client of its own).
         self._recipe = (uri, database, timeout_ms, refetch, neardup_distance)
