@@ -58,3 +58,23 @@ def test_redis_clients_parse_replies_with_hiredis():
         pool = client.connection_pool
         connection = pool.connection_class(**pool.connection_kwargs)  # not connected
         assert isinstance(connection._parser, parser), type(connection._parser)
+
+
+def test_shipped_deploy_files_send_nothing_to_an_example_address_and_keep_job_logs():
+    """A probe: `scrapyd-deploy -a` uploaded the egg, with the credentials, to the example
+    target 10.0.0.12 as well; and scrapyd.conf kept 5 job logs per spider while listing 100
+    finished jobs, so a failed job's log (the one place saying why) was soon gone."""
+    import configparser
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg.read(ROOT / "scrapy.cfg")
+    targets = {name: cfg[name]["url"] for name in cfg.sections() if name.startswith("deploy")}
+    assert targets == {"deploy:local": "http://127.0.0.1:6800/"}
+    assert all(ipaddress.ip_address(urlsplit(url).hostname).is_loopback
+               for url in targets.values())
+    conf = configparser.ConfigParser(interpolation=None)
+    conf.read(ROOT / "deploy" / "scrapyd.conf")
+    keep = conf["scrapyd"]
+    assert keep.getint("jobs_to_keep") >= keep.getint("finished_to_keep") > 0
