@@ -381,6 +381,78 @@ def test_items_go_to_one_collection_per_type_keyed_as_declared(mongo_db):
         make_entry({"id": 1, "x": {1, 2}}, SiteSpider, "http://s/4", None, now)
 
 
+def _ms(at: dt.datetime) -> dt.datetime:
+    return at.replace(microsecond=at.microsecond // 1000 * 1000)
+
+
+def test_an_item_met_twice_in_a_batch_keeps_the_time_it_changed(mongo_db):
+    """A probe: a product and its print page (one item, two pages) in one batch, with a
+    new price: counted changed once and unchanged once, right, but its ``changed_at``
+    stayed the first crawl's (the batch's last entry, unchanged against the first, won)."""
+    store = ItemStore(mongo_db)
+    first = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)
+    later = first + dt.timedelta(minutes=30)
+
+    def offer(price: str, url: str, at: dt.datetime):
+        return make_entry(Offer(shop="a", sku="1", price=price), SiteSpider, url, None, at)
+
+    assert store.write_items([offer("1.00", "http://s/1", first)]) == ["created"]
+    assert store.write_items([offer("2.00", "http://s/1", later),
+                              offer("2.00", "http://s/1/print", later)]) == ["changed",
+                                                                            "unchanged"]
+    stored = mongo_db.offer.find_one()
+    assert stored["price"] == "2.00" and stored["changed_at"] == _ms(later)
+
+
+class _InsertedMeanwhile:
+    """The item collections of ``db``, where another writer stores ``item`` between this
+    store's read and its write: the race of two workers extracting one item."""
+
+    def __init__(self, db, other: ItemStore, item) -> None:
+        self.db, self.other, self.item = db, other, item
+
+    def __getitem__(self, name: str):
+        collection = self.db[name]
+        outer = self
+
+        class Racing:
+            def __getattr__(self, attr):
+                return getattr(collection, attr)
+
+            def find(self, *args, **kwargs):
+                found = list(collection.find(*args, **kwargs))
+                if outer.item is not None:
+                    outer.other.write_items([outer.item])
+                    outer.item = None
+                return found
+
+        return Racing()
+
+
+def test_an_item_another_writer_inserted_first_is_not_counted_created(mongo_db):
+    """A probe: ``items/created`` said 41 for 40 items stored: an insert that lost the race
+    to another worker was upserted, and still counted created."""
+    now = dt.datetime.now(dt.timezone.utc)
+    other = ItemStore(mongo_db)
+
+    def offer(price: str, at: dt.datetime):
+        return make_entry(Offer(shop="a", sku="1", price=price), SiteSpider, "http://s/1",
+                          None, at)
+
+    theirs = offer("1.00", now - dt.timedelta(seconds=5))
+    store = ItemStore(_InsertedMeanwhile(mongo_db, other, theirs))
+    assert store.write_items([offer("1.00", now)]) == ["unchanged"]
+    assert mongo_db.offer.find_one()["changed_at"] == _ms(theirs.extracted_at)
+    theirs = offer("1.00", now)
+    mongo_db.offer.delete_many({})
+    store = ItemStore(_InsertedMeanwhile(mongo_db, other, theirs))
+    later = now + dt.timedelta(seconds=5)
+    assert store.write_items([offer("3.00", later)]) == ["changed"]
+    stored = mongo_db.offer.find_one()
+    assert stored["price"] == "3.00" and stored["changed_at"] == _ms(later)
+    assert mongo_db.offer.count_documents({}) == 1
+
+
 def test_item_collections_index_their_key_and_the_fields_named_in_settings(mongo_db):
     now = dt.datetime.now(dt.timezone.utc)
     offer = make_entry(Offer(shop="a", sku="1", price="1"), SiteSpider, "http://s/1", "ab", now)

@@ -324,6 +324,10 @@ class ItemStore:
                 # (someone's annotations) are not the store's to remove.
                 before = (found.get(k) or {}).get("item_fields") or ()
                 gone = sorted(set(before) - set(entry.fields) - STORED_FIELDS)
+                if k in docs and "changed_at" in docs[k][1] and "changed_at" not in doc:
+                    # The key met earlier in the batch changed it (a mirror, a print page:
+                    # the same item twice); this one, the same again, keeps that time.
+                    doc["changed_at"] = docs[k][1]["changed_at"]
                 docs[k] = (entry.key, doc, entry.extracted_at, gone)  # the last one wins
             # Keys read as missing are inserted (half the server's work of an upsert); a
             # duplicate key means another worker inserted it first: upsert those.
@@ -334,6 +338,7 @@ class ItemStore:
             order, refused = list(docs), {}
             dup = write_unordered(coll, ops, refused)
             if dup:
+                self._lost_races(coll, [order[i] for i in dup], docs, entries, idx, results)
                 again: dict[int, str] = {}
                 write_unordered(coll, [self._upsert(*docs[order[i]]) for i in dup], again)
                 refused.update((dup[j], why) for j, why in again.items())
@@ -369,6 +374,26 @@ class ItemStore:
                 written[at] = digest
             results.append((outcome, found.get(at)))
         return results
+
+    def _lost_races(self, coll: Any, lost: list[str], docs: dict[str, Any],
+                    entries: list[ItemEntry], idx: list[int], results: list[Any]) -> None:
+        """Keys another writer inserted first: their entries were counted created, though
+        the item was there when they were written (``items/created`` 41 for 40 items). Read
+        what it stored: each entry is then changed or unchanged against it, and an item
+        that did not change keeps its ``changed_at``."""
+        theirs = {self._k(d["_id"]): d.get("item_hash")
+                  for d in coll.find({"_id": {"$in": [docs[k][0] for k in lost]}},
+                                     {"item_hash": 1})}
+        lost_keys = set(lost)
+        changed: set[str] = set()
+        for i in idx:
+            k = self._k(entries[i].key)
+            if k in lost_keys and k in theirs and results[i] == CREATED:
+                results[i] = _outcome(theirs, k, entries[i].digest)
+                if results[i] == CHANGED:
+                    changed.add(k)
+        for k in lost_keys & set(theirs) - changed:
+            docs[k][1].pop("changed_at", None)
 
     @staticmethod
     def _upsert(key: Any, doc: dict[str, Any], at: dt.datetime, gone: list[str] | None = None
