@@ -555,7 +555,7 @@ def test_progress_lines_every_n_pages_or_none(index, blobs):
     lines_said: list[str] = []
     stats = reparser(index, blobs, progress_every=5, batch_size=200,
                      progress=lambda stats: lines_said.append(stats.line())).run()
-    assert "5 pages, 0 items (+5 being written):" in lines_said[0], lines_said
+    assert "5 pages, 0 items (+5 not written yet):" in lines_said[0], lines_said
     assert stats.writing == 0 and f"12 pages, {stats.items} items: " in stats.line()
 
 

@@ -102,7 +102,7 @@ class ReparseStats:
         newer += f", {self.clashes} keys from two pages" if self.clashes else ""
         # Items are counted as written, in batches: progress lines said "0 items" until
         # the first batch landed.
-        writing = f" (+{self.writing} being written)" if self.writing else ""
+        writing = f" (+{self.writing} not written yet)" if self.writing else ""
         return (f"reparse: {self.pages} pages, {self.items} items{writing}: "
                 f"{self.created} created, "
                 f"{self.changed} changed, {self.unchanged} unchanged, {self.dropped} dropped"

@@ -13,6 +13,7 @@ import datetime as dt
 import logging
 import os
 import re
+import signal
 import sys
 from typing import Any, ClassVar
 
@@ -180,6 +181,9 @@ class Command(ScrapyCommand):
             blob_reads=reads, dry_run=opts.dry_run, show_changes=opts.show_changes,
             pipelines=pipelines,
         )
+        # SIGTERM (systemd, scrapyd, kill) stops it as Ctrl-C does, with the same summary:
+        # it ended the run at once, exit 143 and not a word of how far it had come.
+        previous = signal.signal(signal.SIGTERM, _terminated)
         try:
             stats = reparser.run(since, opts.url_pattern, shard)
         except PipelineNeedsReactor as exc:
@@ -188,11 +192,15 @@ class Command(ScrapyCommand):
             # Items are upserts: a second run redoes the pages whose items were not
             # written yet and counts the others unchanged. Nothing is lost.
             print(reparser.stats.line())
-            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
+            why = "interrupted" if type(exc) is KeyboardInterrupt else str(exc)
+            pending = reparser.stats.writing
             report(self, CommandError(
-                f"reparse stopped after {reparser.stats.pages} pages: {why}. The items "
-                "written so far stay; run the same command again to finish (they count as "
-                "unchanged then)", STOPPED))
+                f"reparse stopped after {reparser.stats.pages} pages: {why}. The "
+                f"{reparser.stats.items} items written stay"
+                + (f"; {pending} extracted were not written yet (a batch on its way may have "
+                   "landed in part)" if pending else "")
+                + ". Run the same command again to finish: what was written counts as "
+                "unchanged then", STOPPED))
             # Now, not when the blob reads read ahead end: against an endpoint that hangs
             # they hold a normal exit for read timeout x attempts (minutes). Every item
             # written so far is acknowledged by MongoDB; the reads are only reads.
@@ -200,6 +208,7 @@ class Command(ScrapyCommand):
             sys.stderr.flush()
             os._exit(STOPPED)
         finally:
+            signal.signal(signal.SIGTERM, previous)
             index.close()
         print(stats.line())
         print(f"created={stats.created} changed={stats.changed} unchanged={stats.unchanged} "
@@ -231,3 +240,11 @@ class Command(ScrapyCommand):
     def _progress(stats: ReparseStats) -> None:
         logger.info("%s", stats.line())
         sys.stderr.flush()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is, as Ctrl-C's KeyboardInterrupt is."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated("stopped by SIGTERM")
