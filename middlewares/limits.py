@@ -57,6 +57,11 @@ def _inc(crawler: Any, key: str) -> None:
         stats.inc_value(f"{PREFIX}/{key}")
 
 
+#: meta key: the limit on a body once inflated, for a request downloaded with none
+#: (``download_maxsize`` 0: robots.txt, whose download another limit stops)
+INFLATE_MAX = "webfarm_inflate_max"
+
+
 class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
     """Scrapy's decompression (bounded by ``DOWNLOAD_MAXSIZE``), plus: a body over the
     limit, on the wire or once inflated, is dead-lettered, never retried; so are headers
@@ -72,6 +77,8 @@ class HttpCompressionMiddleware(httpcompression.HttpCompressionMiddleware):
     def process_response(
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Request | Response:
+        if INFLATE_MAX in request.meta:  # downloaded without a limit: inflated with this one
+            request.meta["download_maxsize"] = request.meta[INFLATE_MAX]
         limit = request.meta.get("download_maxsize", self._max_size)
         if limit and "playwright" in response.flags and len(response.body) > limit:
             # A page's script can build any size of DOM: the wire's limit never saw it.

@@ -108,6 +108,7 @@ class Known:
     burst: bool = False  # loaded while requests of other workers waited for the same file
     fetched: bool = False  # loaded by a fetch of the file just now: a request to the host
     absent: bool = False  # "unreachable" because the host does not answer at all
+    ongoing: bool = False  # "unreachable", as it already was here: the outage goes on
 
 
 class RobotsMiddleware:
@@ -211,8 +212,11 @@ class RobotsMiddleware:
             known.deferred = True
             self._hold_host(origin, wait)
         self._inc("webfarm/robots/retry_later")
+        # The requests in flight as the outage is found spend an attempt; those popped
+        # while it goes on (the host's hold ran out as a slow file was fetched again) spend
+        # none: a robots.txt that timed out each try had its host's pages dead-lettered.
         raise RetryLater(f"robots.txt unavailable ({known.reason})",
-                         delay=wait * random.uniform(1.0, 1.1))
+                         delay=wait * random.uniform(1.0, 1.1), spend=not known.ongoing)
 
     # -- outages: the host waits in the frontier while this worker re-fetches robots.txt ------
 
@@ -240,7 +244,6 @@ class RobotsMiddleware:
             if known.kind == "unreachable":  # re-checked meanwhile by a request: still down
                 self._hold_host(origin, max(known.until - time.monotonic(), 1.0))
             return
-        self._known.pop(origin, None)
         known, _ = await self._known_for(origin)
         if known.kind == "unreachable":
             known.deferred = True
@@ -266,6 +269,7 @@ class RobotsMiddleware:
             self._inc("webfarm/robots/waited")
             await maybe_deferred_to_future(waiter)
         self._pending[origin] = []
+        before = self._known.get(origin)
         try:
             known = await self._load(origin)
         except Exception as exc:  # never let one origin's trouble escape as "allowed"
@@ -274,7 +278,9 @@ class RobotsMiddleware:
                           reason=f"{type(exc).__name__}: {exc}")
         finally:
             for waiter in self._pending.pop(origin, []):
-                waiter.callback(None)
+                waiter.callback(None)  # they go on once this returns
+        if known.kind == "unreachable" and before is not None and before.kind == "unreachable":
+            known.ongoing = True
         self._known[origin] = known
         self._known.move_to_end(origin)
         while len(self._known) > MEMORY_ORIGINS:

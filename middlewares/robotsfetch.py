@@ -20,10 +20,12 @@ from scrapy.http import Response
 from scrapy.http.request import NO_CALLBACK
 from twisted.internet import error as txerror
 
+from middlewares.limits import INFLATE_MAX
 from middlewares.retry import parse_retry_after
 from webfarm.exceptions import DeadLetter, RetryLater, Unreadable
 from webfarm.proxies import UNPROVEN
 from webfarm.robots import MAX_BYTES, MAX_REDIRECTS, Fetched, classify
+from webfarm.urls import unfetchable
 
 if TYPE_CHECKING:
     from scrapy.core.engine import ExecutionEngine
@@ -46,7 +48,11 @@ async def fetch(engine: ExecutionEngine, origin: str, priority: int,
             url, priority=priority, callback=NO_CALLBACK, dont_filter=True,
             meta={META: True, "dont_obey_robotstxt": True, "dont_redirect": True,
                   "dont_retry": True, "handle_httpstatus_all": True, "allow_offsite": True,
-                  "download_maxsize": 8 * MAX_BYTES,
+                  # No limit on the wire: the robots middleware stops the download past
+                  # MAX_BYTES and parses what came. A declared Content-Length over a limit
+                  # here cancelled it before a byte, the file was "unreachable" and its
+                  # host held for good. Inflating stays bounded (limits.INFLATE_MAX).
+                  "download_maxsize": 0, INFLATE_MAX: 8 * MAX_BYTES,
                   "render": "http"},  # plain HTTP: never the browser rung
         )
         try:
@@ -58,7 +64,11 @@ async def fetch(engine: ExecutionEngine, origin: str, priority: int,
         except DeadLetter as exc:
             if hop == 0:  # the origin itself is refused (SSRF guard, ...): so are its pages
                 return Fetched("refused", error=exc.reason, dead=exc)
-            return Fetched("unreachable", error=f"redirect to {url} refused: {exc.reason}")
+            # A redirect the guard refuses (to a private address): so are the pages, with
+            # its reason. It was an outage, retried and holding the host for 30 days.
+            why = f"robots.txt redirects to {url}, refused: {exc.reason}"
+            return Fetched("refused", error=why,
+                           dead=DeadLetter(why, status=exc.status, error=exc.error))
         except Exception as exc:
             logger.info("robots.txt %s unreachable: %s: %s", url, type(exc).__name__, exc)
             return Fetched("unreachable", error=f"{type(exc).__name__}: {exc}",
@@ -68,9 +78,17 @@ async def fetch(engine: ExecutionEngine, origin: str, priority: int,
         if kind == "redirect":
             location = response.headers.get(b"Location")
             target = urljoin(response.url, location.decode("latin-1")) if location else ""
-            if urlsplit(target).scheme not in ("http", "https"):
-                return Fetched("unreachable", response.status,
-                               error=f"redirect to {target!r} cannot be followed")
+            why = ("its scheme is not http(s)" if urlsplit(target).scheme not in
+                   ("http", "https") else unfetchable(target))
+            if why:
+                logger.info("robots.txt %s redirects to %r, which cannot be followed (%s): "
+                            "unavailable, so everything is allowed (RFC 9309 2.3.1.2)", url,
+                            target, why)
+                # A redirect no crawler can follow (ftp:, a port past 65535): "unavailable",
+                # as more than 5 redirects are (RFC 9309 2.3.1.2). It was an outage for 30
+                # days, said as "HTTP 301", or a traceback at every try for a bad port.
+                return Fetched("allow", response.status,
+                               error=f"redirect to {target!r} cannot be followed ({why})")
             url = target
             continue
         if kind == "parse":

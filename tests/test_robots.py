@@ -425,6 +425,30 @@ def test_robots_500_holds_every_request_until_it_heals_404_allows_all(web, store
     assert len(warnings) == 1 and "WARNING" in warnings[0], warnings
 
 
+def test_a_robots_txt_that_times_out_for_a_while_loses_no_page(web, stores):
+    """A probe: a robots.txt slower than DOWNLOAD_TIMEOUT had its host's pages
+    dead-lettered. Each re-check outlasted the host's hold, the pages popped meanwhile
+    waited for it, and each went back spending an attempt. Those popped while an outage
+    goes on now spend none."""
+    base = web.base_urls[0]
+    urls = mini_site(web, base, pages=3, private=0)
+    tries: list[float] = []
+
+    def robots(info):
+        tries.append(time.monotonic())
+        if len(tries) <= 2:
+            time.sleep(5)  # past DOWNLOAD_TIMEOUT: a timeout, twice
+        return Response.text("User-agent: *\nDisallow: /private/\n")
+
+    web.route("/robots.txt", robots, host=base)
+    result = run(crawl_args(urls, "DOWNLOAD_TIMEOUT=4", "WEBFARM_ROBOTS_RETRY_DELAY=1",
+                            "WEBFARM_RETRY_TIMES=2"), env(stores), timeout=90)
+    assert len(tries) == 3
+    assert crawlcheck.dead_letters(stores["REDIS_URL"]) == {}
+    assert stored_urls(stores) == set(urls)
+    assert stat(result.output, "webfarm/robots/retry_later") >= 2
+
+
 def redirect_chain(web, base: str, hops: int, final: str) -> None:
     """/robots.txt -> /r/1 -> ... -> /r/<hops>, which serves ``final``."""
     web.route("/robots.txt", Response(301, {"Location": "/r/1"}), host=base)
@@ -453,12 +477,40 @@ def test_redirects_five_followed_six_mean_unavailable(web, stores):
     assert sorted(set(paths_hit(web, six, "/private/"))) == ["/private/0", "/private/1"]
 
 
+def test_robots_txt_redirects_the_crawl_cannot_follow(web, stores):
+    """A probe: a robots.txt redirecting to a private address, or to a port past 65535,
+    held its host as an outage for 30 days: no page fetched, none dead-lettered, and a
+    traceback at every try for the port. The SSRF guard's refusal dead-letters the pages
+    with its reason, as for the origin itself; a redirect no crawler can follow (a port
+    past 65535, ``ftp:``) means "unavailable", allow all, as a sixth redirect does."""
+    guarded, odd = web.base_urls
+    web.route("/robots.txt", Response(301, {"Location": "http://127.0.0.1:9/robots.txt"}),
+              host=guarded)
+    bad_port = f"http://{netloc(odd).split(':')[0]}:99999/robots.txt"
+    web.route("/robots.txt", Response(301, {"Location": bad_port}), host=odd)
+    urls = mini_site(web, guarded, pages=1, private=0) + mini_site(web, odd)
+    allowed = ",".join(f"{netloc(b).split(':')[0]}/32" for b in web.base_urls)
+    result = run(crawl_args(urls), env(stores, WEBFARM_ALLOWED_NETWORKS=allowed,
+                                      WEBFARM_ROBOTS_RETRY_DELAY="1"), timeout=60)
+    letters = crawlcheck.dead_letters(stores["REDIS_URL"])
+    assert set(letters) == {u for u in urls if u.startswith(guarded)}, letters
+    assert all(letter["reason"].startswith(
+        "robots.txt redirects to http://127.0.0.1:9/robots.txt, refused: ssrf: loopback "
+        "address 127.0.0.1") for letter in letters.values()), letters
+    assert [h.path for h in web.hits_for(host=guarded)] == ["/robots.txt"]
+    assert stored_urls(stores) == {u for u in urls if u.startswith(odd)}  # allow all
+    assert (f"redirects to '{bad_port}', which cannot be followed (port out of range "
+            "0-65535)") in result.output
+
+
 def test_huge_and_garbage_robots_txt(web, stores):
     big, junk = web.base_urls
-    filler = "".join(f"# filler line {i:06d} " + "x" * 80 + "\n" for i in range(6000))
+    # Past 8 x 500 KiB, sent with its Content-Length: the download was cancelled before a
+    # byte, robots.txt "unreachable" and its host held for good (a probe's 14.6 MB file).
+    filler = "".join(f"# filler line {i:06d} " + "x" * 80 + "\n" for i in range(45_000))
     body = ("User-agent: *\nDisallow: /private/\n" + filler).encode()
     body += "Disallow: /caf\xe9/\n".encode("latin-1") + b"\x00\xff\xfe" * 100
-    assert len(body) > MAX_BYTES
+    assert len(body) > 8 * MAX_BYTES
     body += b"\nDisallow: /page/\n"  # beyond the 500 KiB limit: must be ignored
     web.route("/robots.txt", Response(200, {"Content-Type": "text/plain"}, body), host=big)
     garbage = bytes(random.Random(7).randrange(256) for _ in range(20_000))
