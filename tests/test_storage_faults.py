@@ -117,6 +117,11 @@ def test_storage_down_past_the_limit_sends_requests_back(web, redis_url, own_mon
     assert stat(output, "webfarm/frontier/retried") >= 1  # ...so the requests went back
     assert stat(output, "webfarm/frontier/dead") == 0
     assert "item pipeline failed" not in output or "StorageUnavailable" in output
+    # Said in one line a minute, no traceback: a 20 s outage wrote 156 ERRORs before
+    said = [line for line in output.splitlines() if "Items not stored, their requests go "
+            "back to the frontier to be fetched and stored again: index write" in line]
+    assert len(said) == 1 and "WARNING" in said[0], said
+    assert "Error processing" not in output and "Traceback" not in output, output[-3000:]
     db = pymongo.MongoClient(own_mongo.url)["limit"]
     from webfarm.blobstore import open_blob_store
 

@@ -27,6 +27,7 @@ from scrapy.settings import BaseSettings
 from twisted.internet.defer import succeed
 from twisted.python.failure import Failure
 
+from webfarm.batching import quiet_storage_errors
 from webfarm.exceptions import DeadLetter, GiveBack, ItemError, RetryLater, error_text
 from webfarm.frontier import Frontier, backoff
 from webfarm.outcomes import OutputHandler, given_up, retry_reason
@@ -45,6 +46,7 @@ class LeaseEnds:
     def __init__(self, settings: BaseSettings, inflight: dict[str, Request],
                  inc: Callable[[str], None], given_back: Callable[[], None] = lambda: None
                  ) -> None:
+        quiet_storage_errors()  # an item its store refused: one line, see item_error
         self.retry_times = allowed_attempts(settings)
         self.backoff_base = settings.getfloat("WEBFARM_RETRY_BACKOFF_BASE", 2.0)
         self.backoff_max = settings.getfloat("WEBFARM_RETRY_BACKOFF_MAX", 600.0)
