@@ -11,8 +11,9 @@ So :func:`normalise_html` keeps what makes a page *this* page:
 
 * the visible text (title included), with whitespace collapsed, so
   re-indentation or minification is no change;
-* the link targets (``href`` of ``<a>`` and ``<area>``), inline where they
-  occur, because two pages with the same text but different navigation
+* the link targets (``href`` of ``<a>`` and ``<area>``, without the tracking and
+  session parameters the frontier drops from URLs: ``utm_*``, ``gclid``, ``fbclid``, …),
+  inline where they occur, because two pages with the same text but different navigation
   targets are different pages (a pager, a "next" link, a product link
   swapped behind the same label) and the crawl follows those links;
 * JSON-LD (``<script type="application/ld+json">``): structured data written
@@ -71,6 +72,7 @@ from lxml import etree
 from w3lib.encoding import html_to_unicode, http_content_type_encoding
 
 from webfarm.neardup import hamming, simhash  # the near-duplicate half, kept there
+from webfarm.urls import strip_tracking
 from webfarm.volatile import DEFAULT_VOLATILE_PATTERNS, mask_volatile, volatile_patterns
 
 __all__ = [
@@ -146,7 +148,7 @@ def _pieces_lxml(text: str) -> list[str] | None:
             if tag in _LINK_TAGS:
                 href = el.get("href")
                 if href is not None and href.strip():
-                    pieces.append(f"<{href.strip()}>")
+                    pieces.append(f"<{strip_tracking(href.strip())}>")
             if tag == "meta" or (props and (el.get("itemprop") or el.get("property"))):
                 value = _machine_value(tag, el.get)
                 if value:
@@ -233,7 +235,7 @@ def _pieces_regex(text: str) -> list[str]:
             if h:
                 href = html.unescape(next(g for g in h.groups() if g is not None)).strip()
                 if href:
-                    pieces.append(f"<{href}>")
+                    pieces.append(f"<{strip_tracking(href)}>")
         if tag == "meta" or "prop" in attrs.lower():
             found: dict[str, str] = {}
             for a in _RX_ATTR.finditer(attrs):

@@ -167,6 +167,23 @@ def _patterns(strip_params: Iterable[str]) -> tuple[str, ...]:
     return strip_params if isinstance(strip_params, tuple) else tuple(strip_params)
 
 
+def strip_tracking(url: str, strip_params: Iterable[str] = DEFAULT_TRACKING_PARAMS) -> str:
+    """``url``, absolute or relative, without the query and ``;`` path parameters
+    :func:`canonical_url` drops, and otherwise as written: the spelling a page's links are
+    hashed in (:mod:`webfarm.content`). A site adding ``utm_source`` per visit to its
+    links made each fetch a new content, a new blob and a counted change."""
+    if "?" not in url and ";" not in url:
+        return url
+    matcher = _matcher(_patterns(strip_params))
+    if matcher is None:
+        return url
+    rest, hash_, fragment = url.partition("#")
+    path, mark, query = rest.partition("?")
+    path = _strip_path_params(path, matcher)
+    query = _strip_query(query, matcher) if mark else ""
+    return path + ("?" + query if query else "") + hash_ + fragment
+
+
 def canonical_url(url: str, strip_params: Iterable[str] = DEFAULT_TRACKING_PARAMS) -> str:
     """Return the one spelling of ``url`` that every stage keys on.
 
