@@ -22,9 +22,11 @@ remember the last ``WEBFARM_HOST_MEMORY`` hosts they logged, not every one
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Callable
 from typing import NoReturn
+from urllib.parse import urlsplit
 
 from scrapy import Request, Spider
 from scrapy.crawler import Crawler
@@ -34,6 +36,7 @@ from scrapy.statscollectors import StatsCollector
 
 from webfarm.exceptions import DeadLetter, RetryLater
 from webfarm.hostmemory import DEFAULT_SIZE, RecentHosts, host_memory_size
+from webfarm.netguard import NetGuard
 from webfarm.queue import LEASE
 from webfarm.urls import host_named, spider_scope
 
@@ -119,6 +122,7 @@ class LeftTheHosts:
         self.requeue = requeue  # extra `scrapy dlq --requeue` arguments
         self.said: RecentHosts[None] = RecentHosts(host_memory_size(crawler.settings))
         self._scope: tuple[list[str], Callable[[str], bool] | None] | None = None
+        self._guard: NetGuard | None = None
 
     def host(self, request: Request, target: str, allowed: bool) -> str | None:
         """``target``'s host if going there left the spider's hosts, else None. Ports
@@ -135,6 +139,20 @@ class LeftTheHosts:
             self._scope = spider_scope(self.crawler.spider)
         return self._scope
 
+    def _guard_refuses(self, target: str) -> str | None:
+        """Why the SSRF guard refuses ``target``'s host, when that needs no lookup (an
+        address, ``localhost``), else None."""
+        name = (urlsplit(target).hostname or "").rstrip(".").lower()
+        if name == "localhost" or name.endswith(".localhost"):
+            name = "127.0.0.1"  # RFC 6761: loopback, whatever a resolver says
+        if self._guard is None:
+            self._guard = NetGuard.from_settings(self.crawler.settings)
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return None
+        return self._guard.check_ip(name)
+
     def refuse(self, request: Request, target: str, host: str, chain: str,
                log: str) -> NoReturn:
         """DeadLetter for a start URL, else IgnoreRequest; ``log`` (with ``%s`` for the
@@ -144,9 +162,12 @@ class LeftTheHosts:
         named = self._spider_scope()[0]
         fix = (f"to {self.verb} it, add {host} to the spider's hosts (-a domains=… or "
                f"allowed_domains; now {', '.join(named)})")
+        if (guarded := self._guard_refuses(target)) is not None:
+            # "add localhost to the spider's hosts" was the advice for a redirect to it
+            fix = f"the SSRF guard refuses it too ({guarded}): there is nothing to {self.verb}"
         if request.meta.get("depth", 0) == 0:
-            raise DeadLetter(f"{self.what}: {chain}; {fix}, then "
-                             f"`scrapy dlq {spider.name} --requeue{self.requeue}`")
+            raise DeadLetter(f"{self.what}: {chain}; {fix}" + ("" if guarded else (
+                f", then `scrapy dlq {spider.name} --requeue{self.requeue}`")))
         if host not in self.said:
             self.said.add(host)
             logger.warning("%s; %s (said once per host)", log, fix)

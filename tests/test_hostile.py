@@ -62,6 +62,7 @@ OTHER_ROUTES: dict[str, object] = {
     "/to/nowhere": Response(302, {}),
     # Out of the spider's hosts (a site that moved): dropped by the offsite filter.
     "/to/offsite": Response(302, {"Location": "http://127.0.0.9:9/moved"}),
+    "/to/loopback6": Response(302, {"Location": "http://[::1]:9/admin"}),
     # Bodies their Content-Encoding does not decode; a status line that is not HTTP.
     "/enc/gzip": Response(200, {"Content-Type": "text/html", "Content-Encoding": "gzip"},
                           b"not gzip at all"),
@@ -137,8 +138,8 @@ def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
     starts = ["/loop/a", "/loop/self", "/endless/0", "/drip", "/truncated", "/charset/utf8",
               "/charset/missing", "/charset/wrong", "/charset/unknown", "/charset/mislabelled",
               "/broken", "/odd-headers", "/to/bad-port", "/to/bad-ipv6", "/to/credentials",
-              "/to/file", "/to/data", "/to/nowhere", "/to/offsite", "/enc/gzip", "/enc/br",
-              "/bad-status"]
+              "/to/file", "/to/data", "/to/nowhere", "/to/offsite", "/to/loopback6",
+              "/enc/gzip", "/enc/br", "/bad-status"]
     base, result, dead, pages, growth = crawl(web, OTHER_ROUTES, starts, stores)
     reasons = {url[len(base):]: d["reason"] for url, d in dead.items()}
 
@@ -182,6 +183,12 @@ def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
         reasons["/to/offsite"])
     assert reasons["/to/offsite"].endswith(
         "then `scrapy dlq generic --requeue --reason 'redirect offsite'`")
+    # Out of the hosts to an address the SSRF guard refuses (the tests allow 127.0.0.0/8
+    # only): "add [::1]:9 to the spider's hosts" was the advice.
+    assert reasons["/to/loopback6"] == (
+        f"redirect offsite: {base}/to/loopback6 → http://[::1]:9/admin; the SSRF guard "
+        "refuses it too (loopback address ::1 (not in WEBFARM_ALLOWED_NETWORKS)): "
+        "there is nothing to follow"), reasons["/to/loopback6"]
     # A body that does not decode is the same at every try: dead-lettered at once (it was
     # retried, with a traceback in the log); a broken status line may be a network fault:
     # retried, and the reason names Twisted's error, not the repr of a list of Failures.
@@ -192,7 +199,7 @@ def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
     assert reasons["/bad-status"] == (
         f"gave up after {RETRIES} attempts: network error: DownloadFailedError: ParseError: "
         "('non-integer status code', b'HTTP/1.1 abc Weird')"), reasons
-    assert len(dead) == 15, sorted(reasons)
+    assert len(dead) == 16, sorted(reasons)
 
     # Wrong, missing and unknown charsets: stored, and decoded to the same text as the
     # correctly labelled page (same content hash: the index sees one content).
