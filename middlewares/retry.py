@@ -145,7 +145,7 @@ class FrontierRetryMiddleware:
             reason = response_status_message(response.status)
             return retry_here(self.crawler, request, reason, self.attempts) or response
         if wait:
-            raise RetryLater(f"HTTP {response.status}, Retry-After {wait:.0f}s",
+            raise RetryLater(f"HTTP {response.status}, Retry-After {round(wait, 1):g}s",
                              delay=wait, status=response.status, response=response)
         raise RetryLater(f"HTTP {response.status}", status=response.status, response=response)
 
@@ -176,7 +176,8 @@ class FrontierRetryMiddleware:
         seconds = parse_retry_after(raw)
         host = host_of(request.url)
         if seconds is None:
-            logger.info("Ignoring unusable Retry-After %r from %s", raw[:60], host)
+            logger.info("Ignoring unusable Retry-After %r from %s",
+                        raw[:60].decode("latin-1"), host)
             self._inc("webfarm/retry_after/invalid")
             return None
         if seconds > self.retry_after_max:
