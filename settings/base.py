@@ -236,6 +236,9 @@ EXTENSIONS_BASE = {
     "webfarm.recrawl.RecrawlExtension": 520,  # continuous recrawl (WEBFARM_RECRAWL_INTERVAL)
     "webfarm.monitor.extension.MonitorExtension": 510,
     "webfarm.gctune.GcTuning": 530,  # fewer, cheaper garbage collections (WEBFARM_GC_*)
+    # memusage/max read once more at the end: a crawl under a minute said its start-up size
+    "scrapy.extensions.memusage.MemoryUsage": None,
+    "webfarm.memusage.PeakMemoryUsage": 0,
     # requests the frontier does not hold (scrapy fetch/parse/shell, a webfarm_local login):
     # retried and said as in Scrapy, where the frontier would retry or dead-letter them
     "webfarm.outcomes.UnqueuedOutcomes": 540,
