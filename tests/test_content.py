@@ -126,6 +126,7 @@ def test_volatile_patterns() -> None:
         "at 05/01/2024 3:04 pm today": "at ~ today",
         "now 23:59:59 here": "now ~ here",
         "posted 3 minutes ago": "posted ~",
+        "updated an hour ago, a few seconds ago": "updated ~, ~",
         "Page generated in 0.123 seconds": "Page ~",
         "Ray ID: 8a1b2c3d4e5f6a7b": "Ray ID: ~",
     }

@@ -64,8 +64,9 @@ _VOLATILE: tuple[tuple[str, _Gate], ...] = (
     ),
     # a clock time with seconds on its own: 12:00:03, 12:00:03.5
     (r"\b\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\b", _CLOCK),
-    # relative times: "3 minutes ago"
-    (r"\b\d+\s+(?:seconds?|secs?|minutes?|mins?|hours?|hrs?|days?)\s+ago\b", "ago"),
+    # relative times: "3 minutes ago", "an hour ago", "a few seconds ago"
+    (r"\b(?:\d+|an?|one|a\s+few)\s+(?:seconds?|secs?|minutes?|mins?|hours?|hrs?|days?)"
+     r"\s+ago\b", "ago"),
     # render timings: "generated in 0.123 seconds"
     (
         r"\b(?:generated|rendered|served|processed|built|took|loaded)\s+in\s+\d+(?:[.,]\d+)?"
