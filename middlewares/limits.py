@@ -142,9 +142,13 @@ class _DeadLetterRedirects:
         try:
             return super().process_response(request, response)  # type: ignore[misc]
         except ValueError as exc:  # a target w3lib cannot parse: a bad port, a broken IPv6
-            location = response.headers.get(b"Location") or b"<meta refresh>"
-            raise self._unfetchable(request, location.decode("latin-1"), str(exc).lower()
-                                    ) from None
+            location = (response.headers.get(b"Location") or b"<meta refresh>").decode(
+                "latin-1")
+            why = str(exc).lower()
+            scheme = location.strip().partition(":")[0].lower() if ":" in location else ""
+            if scheme.isalpha() and scheme not in ("http", "https"):  # mailto:, javascript:
+                why = f"its scheme {scheme!r} is not http or https"  # not "missing scheme"
+            raise self._unfetchable(request, location, why) from None
 
     def _unfetchable(self, request: Request, target: str, why: str) -> DeadLetter:
         """The downloader would fail on this redirect's target at every try."""

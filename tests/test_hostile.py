@@ -59,6 +59,7 @@ OTHER_ROUTES: dict[str, object] = {
     # Redirects Scrapy hands on as the 3xx, which was then dropped without a record.
     "/to/file": Response(302, {"Location": "file:///etc/passwd"}),
     "/to/data": Response(302, {"Location": "data:text/html,<h1>hi</h1>"}),
+    "/to/mailto": Response(302, {"Location": "mailto:shop@shop.invalid"}),
     "/to/nowhere": Response(302, {}),
     # Out of the spider's hosts (a site that moved): dropped by the offsite filter.
     "/to/offsite": Response(302, {"Location": "http://127.0.0.9:9/moved"}),
@@ -138,7 +139,7 @@ def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
     starts = ["/loop/a", "/loop/self", "/endless/0", "/drip", "/truncated", "/charset/utf8",
               "/charset/missing", "/charset/wrong", "/charset/unknown", "/charset/mislabelled",
               "/broken", "/odd-headers", "/to/bad-port", "/to/bad-ipv6", "/to/credentials",
-              "/to/file", "/to/data", "/to/nowhere", "/to/offsite", "/to/loopback6",
+              "/to/file", "/to/data", "/to/mailto", "/to/nowhere", "/to/offsite", "/to/loopback6",
               "/enc/gzip", "/enc/br", "/bad-status"]
     base, result, dead, pages, growth = crawl(web, OTHER_ROUTES, starts, stores)
     reasons = {url[len(base):]: d["reason"] for url, d in dead.items()}
@@ -170,7 +171,8 @@ def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
     assert "secret" not in reasons["/to/credentials"] and "secret" not in result.output
     # One with no Location, or to a URL that is not http(s): dead-lettered, saying so (it
     # was an INFO line, "HTTP status code is not handled or not allowed", and no record).
-    for path, scheme in (("/to/file", "file"), ("/to/data", "data")):
+    # (mailto: was "missing scheme in request url", though it has one.)
+    for path, scheme in (("/to/file", "file"), ("/to/data", "data"), ("/to/mailto", "mailto")):
         assert reasons[path].startswith("redirect to a URL that cannot be fetched (its "
                                         f"scheme '{scheme}' is not http or https)"), reasons
     assert reasons["/to/nowhere"] == (f"redirect without a Location header: HTTP 302 from "
@@ -199,7 +201,7 @@ def test_loops_drips_truncation_charsets_and_broken_html(web, stores):
     assert reasons["/bad-status"] == (
         f"gave up after {RETRIES} attempts: network error: DownloadFailedError: ParseError: "
         "('non-integer status code', b'HTTP/1.1 abc Weird')"), reasons
-    assert len(dead) == 16, sorted(reasons)
+    assert len(dead) == 17, sorted(reasons)
 
     # Wrong, missing and unknown charsets: stored, and decoded to the same text as the
     # correctly labelled page (same content hash: the index sees one content).
