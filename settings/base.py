@@ -229,6 +229,9 @@ EXTENSIONS_BASE = {
     # CLOSESPIDER_ITEMCOUNT / _TIMEOUT_NO_ITEM count the spider's items, not page records
     "scrapy.extensions.closespider.CloseSpider": None,
     "webfarm.feeds.CloseSpider": 0,
+    # item_scraped_count (and "scraped N items") counts them too; pages: webfarm/pages/recorded
+    "scrapy.extensions.corestats.CoreStats": None,
+    "webfarm.feeds.CoreStats": 0,
     "webfarm.throttle.HostThrottle": 500,
     # AUTOTHROTTLE_ENABLED: the shared rule above does it (Scrapy's with it switched off)
     "scrapy.extensions.throttle.AutoThrottle": None,

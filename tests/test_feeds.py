@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import json
 
-from tests import runner
+from tests import crawlcheck, runner
 from webfarm.urls import canonical_url
 
 
@@ -32,6 +32,10 @@ def test_o_exports_the_spider_s_items_and_a_feed_can_ask_for_the_pages(web, stor
     # Each page once, under the URL it was requested by (the index keeps it canonical).
     assert sorted(canonical_url(row["url"]) for row in rows) == sorted(web.expected_pages(base))
     assert all(row["status"] == "200" and len(row["content_hash"]) == 64 for row in rows)
+    # "scraped N items" and item_scraped_count are the products; the pages are counted apart
+    # (a probe's 12 products were "27 items" with its 15 pages).
+    assert crawlcheck.stat(result.output, "item_scraped_count") == len(shop.products)
+    assert crawlcheck.stat(result.output, "webfarm/pages/recorded") == len(rows)
 
 
 def test_a_feed_gets_a_dict_s_fields_not_the_item_store_s_control_keys():

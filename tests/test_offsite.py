@@ -105,7 +105,7 @@ def test_two_generic_crawls_at_once_each_fetch_their_own_pages_and_end_on_their_
         assert "Traceback" not in log and "outside this worker's hosts" not in log, log[-3000:]
         assert crawlcheck.stat(log, "offsite/filtered") == 0
         assert crawlcheck.stat(log, "webfarm/frontier/dead") == 0
-        assert crawlcheck.stat(log, "item_scraped_count") > 5
+        assert crawlcheck.stat(log, "webfarm/pages/recorded") > 5
         assert "Frontier empty for this worker's hosts" in log
 
 

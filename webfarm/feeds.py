@@ -8,8 +8,9 @@ were written. Pages live in the index and the blob store; a feed gets them only 
 ``item_classes`` name ``webfarm.items.PageItem`` (give it ``fields`` without ``body``
 for JSON). A feed with an ``item_filter`` of its own keeps it.
 
-Scrapy's ``CLOSESPIDER_*`` extension counts items too, so :class:`CloseSpider` is here
-as well: it counts the spider's items, not the page records.
+Scrapy's ``CLOSESPIDER_*`` extension and its core stats count items too, so
+:class:`CloseSpider` and :class:`CoreStats` are here as well: they count the spider's
+items, not the page records.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from scrapy.extensions.closespider import CloseSpider as ScrapyCloseSpider
+from scrapy.extensions.corestats import CoreStats as ScrapyCoreStats
 from scrapy.extensions.feedexport import FeedExporter as ScrapyFeedExporter
 from scrapy.extensions.feedexport import ItemFilter
 
@@ -69,3 +71,15 @@ class CloseSpider(ScrapyCloseSpider):
     def item_scraped_no_item(self, item: Any, spider: Any) -> None:
         if not isinstance(item, PageItem):
             super().item_scraped_no_item(item, spider)
+
+
+class CoreStats(ScrapyCoreStats):
+    """Scrapy's core stats with ``item_scraped_count`` (and so LogStats' "scraped N
+    items") counting the spider's items; page records count as ``webfarm/pages/recorded``.
+    A spider that stored 12 products said "scraped 27 items": its 15 pages were counted."""
+
+    def item_scraped(self, item: Any, spider: Any) -> None:
+        if isinstance(item, PageItem):
+            self.stats.inc_value("webfarm/pages/recorded")
+        else:
+            super().item_scraped(item, spider)
