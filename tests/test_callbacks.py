@@ -172,6 +172,13 @@ def test_an_item_handed_on_in_cb_kwargs_is_kept_with_the_page_for_re_parse(small
     listings = list(db.listings.find())
     assert sorted(d["sku"] for d in listings) == SKUS
     assert all(d["department"] == departments[d["sku"][3]] for d in listings), listings
+    # scrapy parse --stored, like re-parse, runs the page's callback with its cb_kwargs: it
+    # ran the spider's parse (no item), and -c parse_product failed for its argument.
+    page = f"{base}/product/WF02-0003"
+    shown = runner.scrapy(["parse", "--stored", "--spider=test_listing_callback", page,
+                           *SPIDERS], runner.env_for(**stores), timeout=120)
+    assert shown.returncode == 0, shown.output[-3000:]
+    assert "'department': 'Kitchen'" in shown.stdout and "'sku': 'WF02-0003'" in shown.stdout
     out = reparse("test_listing_callback", stores, "-a", "variant=upper")
     assert "10 items: 0 created, 10 changed, 0 unchanged" in out and "0 errors" in out
     again = {d["sku"]: d for d in db.listings.find()}

@@ -105,8 +105,10 @@ class StoredPages:
             or self.index.pages.find_one({"final_url": url}, fields)
         if doc is None:
             raise NotStored(f"no stored page for {url} in {self.where()}: a crawl has not "
-                            f"fetched it (run the command without --stored to fetch it "
-                            "live), or MONGO_URI/MONGO_DATABASE point elsewhere")
+                            "fetched it, or fetched it with a spider that keeps no pages (one "
+                            "not built on WebfarmSpider stores its items only), or "
+                            "MONGO_URI/MONGO_DATABASE point elsewhere; run the command "
+                            "without --stored to fetch it live")
         if not doc.get("blob_key"):
             raise NotStored(f"{url} is in the index but its body was never stored "
                             f"(status {doc.get('status')}); fetch it live, without --stored")
