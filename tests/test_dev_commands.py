@@ -199,6 +199,36 @@ def test_scrapy_runspider_checks_what_scrapy_crawl_checks(dev_web, stores, tmp_p
     assert len(dev_web.hits) == before  # nothing was fetched
 
 
+CRAWL_SPIDER_TYPO = """
+import scrapy
+from scrapy.linkextractors import LinkExtractor
+from scrapy.spiders import CrawlSpider, Rule
+
+
+class ShopSpider(CrawlSpider):
+    name = "typo_shop"
+    rules = (Rule(LinkExtractor(allow=r"/product/"), callback="parse_itme"),)
+
+    def parse_item(self, response):
+        yield {"url": response.url}
+"""
+
+
+def test_a_rule_naming_a_method_the_spider_lacks_is_refused(dev_web, stores, tmp_path):
+    """A probe: Rule(..., callback="parse_itme") crawled every page, stored no item and
+    exited 0 (Scrapy takes a name it cannot find for no callback)."""
+    base = dev_web.base_urls[0]
+    path = tmp_path / "typo_shop.py"
+    path.write_text(CRAWL_SPIDER_TYPO)
+    before = len(dev_web.hits)
+    result = run(stores, "runspider", str(path), "-a", f"start={base}/")
+    assert result.returncode == 2, result.output[-2000:]
+    assert ("webfarm: typo_shop: a Rule's callback='parse_itme' is no method of ShopSpider "
+            "(Scrapy would skip it without a word); did you mean 'parse_item'?"
+            ) in result.stderr, result.stderr[-2000:]
+    assert len(dev_web.hits) == before  # nothing was fetched
+
+
 def test_scrapy_bench_crawls_scrapy_s_bench_server(stores, redis_url):
     """On the frontier the SSRF guard dead-lettered the bench server's localhost URL and
     the run printed 'Crawled 0 pages' until its timeout."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import functools
 import logging
 import re
@@ -146,6 +147,7 @@ def prepare(settings: BaseSettings, spidercls: type | None, opts: argparse.Names
     if spidercls is not None:
         try:
             refuse_ignored_start_requests(spidercls)
+            refuse_missing_rule_methods(spidercls)
             check = getattr(spidercls, "check_crawl_arguments", None) or getattr(
                 spidercls, "check_arguments", None)
             if check is not None:
@@ -174,6 +176,23 @@ def prepare(settings: BaseSettings, spidercls: type | None, opts: argparse.Names
         logging.getLogger(__name__).warning("webfarm: %s", fleet)
     config.apply(settings, loc)
     return 0
+
+
+def refuse_missing_rule_methods(spidercls: type) -> None:
+    """ValueError when a CrawlSpider ``Rule`` names a method the spider does not have:
+    Scrapy takes ``callback="parse_itme"`` for no callback, and a probe's crawl fetched
+    every page, stored no item and exited 0."""
+    for rule in getattr(spidercls, "rules", None) or ():
+        for what in ("callback", "errback", "process_links", "process_request"):
+            name = getattr(rule, what, None)
+            if isinstance(name, str) and not callable(getattr(spidercls, name, None)):
+                methods = [n for n in dir(spidercls) if callable(getattr(spidercls, n, None))
+                           and not n.startswith("_")]
+                close = difflib.get_close_matches(name, methods, n=1, cutoff=0.75)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"a Rule's {what}={name!r} is no method of "
+                                 f"{spidercls.__name__} (Scrapy would skip it without a "
+                                 f"word){hint}")
 
 
 def refuse_ignored_start_requests(spidercls: type) -> None:
