@@ -268,6 +268,13 @@ def test_a_refetch_that_finds_a_page_gone_marks_it_and_keeps_its_last_content(
     assert "gone_at" not in first["static"]
     assert back["gone_at"] is None and back["last_status"] == 304
     assert back["content_hash"] == first["static"]["content_hash"]
+    # A gone page still holds its content: url_count went down at each refetch that found
+    # it gone, below 0 (a probe: -1, -2, -3), and stayed there when it came back.
+    counts = {d["_id"]: d["url_count"] for d in db.contents.find()}
+    holders: dict[str, int] = {}
+    for doc in db.pages.find():
+        holders[doc["content_hash"]] = holders.get(doc["content_hash"], 0) + 1
+    assert counts == holders, (counts, holders)
     assert site.not_modified.count("/fresh/static") == 1
     assert "'webfarm/index/gone': 4" in text, text[-3000:]
 

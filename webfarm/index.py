@@ -280,7 +280,10 @@ class IndexStore:
         for i in order:
             page, b = pages[i], before.get(ids[i])
             old, new = (b or {}).get("content_hash"), page["content_hash"]
-            if i in failed or page.get("not_modified") or old == new:
+            # A 304 or a gone page keeps its stored content: no move. (A gone page moved
+            # away from it: url_count went down one at each refetch that found it gone,
+            # below 0, and stayed down when the page came back.)
+            if i in failed or page.get("not_modified") or page.get("gone") or old == new:
                 continue
             if not counted_by_insert(b, contents.get(new), ids[i]):
                 moves.add(ids[i], page["fetch_id"], old, new)
