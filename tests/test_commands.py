@@ -452,7 +452,7 @@ def test_a_reader_that_stops_early_ends_the_listing_quietly(monkeypatch):
     import os
     import sys
 
-    from webfarm.commands import dlq, frontier
+    from webfarm.commands import dlq, frontier, recrawl
     from webfarm.commands._common import pipe_may_close
 
     read, write = os.pipe()
@@ -467,7 +467,7 @@ def test_a_reader_that_stops_early_ends_the_listing_quietly(monkeypatch):
     listing()  # returns: no BrokenPipeError
     print("after")  # and nothing is left to fail at exit
     sys.stdout.flush()
-    for command in (frontier.Command, dlq.Command):
+    for command in (frontier.Command, dlq.Command, recrawl.Command):
         assert command.run.__wrapped__  # type: ignore[attr-defined]
 
 

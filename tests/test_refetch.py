@@ -164,7 +164,7 @@ def test_recrawl_rounds_adapt_intervals_and_send_conditional_requests(web, site,
         for n in range(ROUNDS):
             site.change()
             out = ok(runner.scrapy(["recrawl", "generic", "--now", "+3600"], env, 60))
-            assert "3 enqueued of 3 due (3 conditional)" in out, out
+            assert "3 enqueued (3 conditional) of 3 due" in out, out
             wait_fetched(db, everything, n + 2, worker, log)
             for name, url in urls.items():
                 intervals[name].append(page(db, url)["refetch_interval"])
@@ -330,9 +330,15 @@ def test_due_pages_most_overdue_first_and_queued_once(redis_url, mongo_uri, mong
     # 304: unchanged; 404/410: gone (both reach the spider, which records them)
     assert all(r.dont_filter and r.meta["handle_httpstatus_list"] == [304, 404, 410]
                and r.callback is None for r in requests.values())
-    # The frontier was reset (or they were dead-lettered): none is queued any more, so none
-    # is skipped as "still queued from an earlier round" (for up to its interval, an hour).
     assert recrawler.run(now).skipped_queued == 3  # leased: still on their way
+    # Dead-lettered (a page answering 503 each try): the marks hold, or each round sent
+    # it again for five more tries and another dead letter (a probe: 25 requests in 80 s).
+    for p in popped:
+        frontier.dead(p.lease_id, "gave up after 5 attempts: HTTP 503")
+    assert frontier.counts()["leased"] == 0 and frontier.counts()["dead"] == 3
+    assert recrawler.run(now).skipped_queued == 3
+    # The frontier was reset: none is queued any more, so none is skipped as "still queued
+    # from an earlier round" (for up to its interval, an hour).
     frontier.reset()
     after_reset = recrawler.run(now)
     assert (after_reset.enqueued, after_reset.skipped_queued) == (3, 0)

@@ -15,7 +15,10 @@ kept.
 
 Each enqueued page is marked ``recrawl_queued_at``; until it is fetched (or its interval,
 at least :data:`REQUEUE_AFTER` seconds, has passed) it is not enqueued again, so rounds that
-follow each other quickly do not stack copies of one request in the frontier.
+follow each other quickly do not stack copies of one request in the frontier, and a page
+whose refetch keeps failing (dead-lettered) is tried once an interval. A frontier that
+holds nothing at all, not even dead letters (it was reset), holds none of the marked
+pages: the marks are ignored then.
 
 :class:`RecrawlExtension` runs rounds inside workers every ``WEBFARM_RECRAWL_INTERVAL``
 seconds. One worker at a time does it: the first to take the Redis lock
@@ -205,12 +208,15 @@ class Recrawler:
     def run(self, now: dt.datetime | None = None, limit: int | None = None,
             dry_run: bool = False) -> RoundResult:
         wall = utcnow()
-        # An empty frontier (reset since, or the refetches dead-lettered) holds none of
-        # the pages an earlier round marked queued: they were skipped as "still queued"
-        # for up to their refetch interval, a day or more.
+        # An empty frontier (reset since) holds none of the pages an earlier round marked
+        # queued: they were skipped as "still queued" for up to their refetch interval, a
+        # day or more. Not one whose refetches were dead-lettered: a page that failed each
+        # try was enqueued again every round, five tries and a dead letter each (a probe:
+        # 25 requests in 80 s to a page answering 503, 5 dead letters of it); its mark
+        # holds, and it is tried again once its interval (10 minutes at least) has passed.
         try:
             counts = self.frontier.counts()
-            holds = bool(counts["queued"] or counts["delayed"] or counts["leased"])
+            holds = any(counts[k] for k in ("queued", "delayed", "leased", "dead"))
         except redis.RedisError:  # cannot tell (a read-only user's --dry-run): marks hold
             holds = True
         due, skipped, total = due_pages(self.pages, self.spider, now or wall, limit, wall,

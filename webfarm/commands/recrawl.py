@@ -25,6 +25,7 @@ from webfarm.commands._common import (
     CommandError,
     one_spider,
     open_spider_frontier,
+    pipe_may_close,
     report,
     service_variable,
     spider_class,
@@ -65,6 +66,7 @@ class Command(ScrapyCommand):
         parser.add_argument("--json", dest="json", action="store_true",
                             help="print the counts (and with --dry-run the pages) as JSON")
 
+    @pipe_may_close  # `scrapy recrawl … --json | head` ended in a BrokenPipeError traceback
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         one_spider(args, "recrawl")
         try:
@@ -150,8 +152,9 @@ def render(name: str, result: RoundResult, as_json: bool) -> str:
                      f"{result.conditional} with validators, "
                      f"{result.skipped_queued} still queued from an earlier round")
         return "\n".join(lines)
-    return (f"recrawl {name}: {result.enqueued} enqueued of {result.total_due} due{left} "
-            f"({result.conditional} conditional), {result.skipped_queued} still queued "
+    # the conditional ones are among those enqueued: said after "left", they read as its
+    return (f"recrawl {name}: {result.enqueued} enqueued ({result.conditional} conditional) "
+            f"of {result.total_due} due{left}, {result.skipped_queued} still queued "
             "from an earlier round")
 
 
