@@ -575,6 +575,12 @@ def test_dedupe(client: redis.Redis, mode: str) -> None:
     assert f.seen(fp("h.test1")) and not f.seen(fp("h.test9"))
     assert f.seen_many([fp("h.test3"), fp("nope")]) == [True, False]
     assert f.counts()["seen"] == 3 and f.counts()["queued"] == 4
+    # A dont_filter entry (a start URL, a refetch) is never refused, and is seen from then
+    # on: after a reset, a recrawl's refetches and the crawl's links to them were both
+    # fetched.
+    assert f.push([entry("h.test", "refetched", dont_filter=True)]) == [True]
+    assert f.push([entry("h.test", "refetched")]) == [False]
+    assert f.seen(fp("h.testrefetched"))
     other = "set" if mode == "bloom" else "bloom"
     with pytest.raises(redis.ResponseError, match="dupefilter"):
         Frontier(client, "spider", dupefilter=other).push([entry("h.test", "4")])

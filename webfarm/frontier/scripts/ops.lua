@@ -16,7 +16,9 @@ end
 -- Entries of one host go into its queue with one ZADD. 'urls' counts the URLs of each host
 -- admitted through the dupefilter; with a budget > 0, an entry of a host that has used it
 -- is refused before the seen-check (not marked seen: a larger budget admits it when it is
--- found again). dont_filter entries (start URLs, refetches) are never counted or refused.
+-- found again). dont_filter entries (start URLs, refetches) are never counted or refused,
+-- but are marked seen: a link to one is not queued again (after a frontier reset, a
+-- recrawl's refetches and the links the crawl found to them were each fetched).
 -- Returns '1' enqueued, '0' seen before, '2' over the host's budget, per entry.
 local function push(a, n, mode, cap0, err0, budget)
   if mode == 'bloom' then bloom_load(cap0, err0) end
@@ -44,6 +46,10 @@ local function push(a, n, mode, cap0, err0, budget)
           if budget > 0 then used[host] = used[host] + 1 end
         end
       end
+    elseif mode == 'set' then
+      if redis.call('SADD', K_SEEN, ARGV[o + 3]) == 1 then d_seen = d_seen + 1 end
+    else
+      bloom_add(tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4]))
     end
     ok[e] = new
     if new == true then
