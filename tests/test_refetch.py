@@ -431,3 +431,26 @@ def test_recrawl_now_option():
     assert 3590 < ahead.total_seconds() <= 3600
     with pytest.raises(CommandError, match="--now 'soon': give an ISO 8601 time"):
         parse_now("soon")
+
+
+def test_a_round_past_its_batch_says_how_many_due_pages_wait(caplog):
+    """A probe: with WEBFARM_RECRAWL_BATCH=3, "3 due pages enqueued" every round, and no
+    word of the 9 more that waited for the next rounds."""
+    import logging
+
+    from scrapy.utils.test import get_crawler
+
+    from webfarm.recrawl import DuePage, RecrawlExtension, RoundResult
+
+    crawler = get_crawler(settings_dict={"WEBFARM_RECRAWL_INTERVAL": 10,
+                                         "WEBFARM_RECRAWL_BATCH": 3})
+    crawler.stats.open_spider()
+    ext = RecrawlExtension.from_crawler(crawler)
+    due = [DuePage(1.0, 60.0, f"http://127.0.0.2:9/{n}", str(n)) for n in range(3)]
+    with caplog.at_level(logging.INFO, logger="webfarm.recrawl"):
+        ext._report(RoundResult(due, enqueued=3, skipped_queued=0, total_due=12))
+        ext._report(RoundResult(due, enqueued=3, skipped_queued=0, total_due=3))
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["Recrawl: 3 due pages enqueued (0 conditional, 0 still queued); 9 more "
+                    "due, past WEBFARM_RECRAWL_BATCH=3, wait for the next rounds",
+                    "Recrawl: 3 due pages enqueued (0 conditional, 0 still queued)"], said

@@ -349,5 +349,8 @@ class RecrawlExtension:
         stats.inc_value("webfarm/recrawl/enqueued", result.enqueued)
         stats.inc_value("webfarm/recrawl/conditional", result.conditional)
         if result.due:
-            logger.info("Recrawl: %d due pages enqueued (%d conditional, %d still queued)",
-                        result.enqueued, result.conditional, result.skipped_queued)
+            # past WEBFARM_RECRAWL_BATCH, what is left waits for the next round: said
+            left = (f"; {result.left} more due, past WEBFARM_RECRAWL_BATCH={self.batch}, "
+                    "wait for the next rounds" if result.left else "")
+            logger.info("Recrawl: %d due pages enqueued (%d conditional, %d still queued)%s",
+                        result.enqueued, result.conditional, result.skipped_queued, left)
