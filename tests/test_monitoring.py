@@ -7,6 +7,7 @@ webhook receiver on loopback.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import signal
@@ -53,17 +54,22 @@ class Receiver:
         self.posts: list[dict] = []
         self.arrived: list[float] = []  # monotonic time of each post
         self.failing = False  # answer 503 and keep nothing, as a receiver that is down
+        self.auth: list[str] = []  # the Authorization headers that came
+        self.delay = 0.0  # seconds each POST takes to answer (a slow receiver)
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - stdlib name
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                time.sleep(receiver.delay)
                 if receiver.failing:
                     self.send_response(503)
                     self.end_headers()
                     return
                 receiver.arrived.append(time.monotonic())
                 receiver.posts.append(json.loads(body))
+                if self.headers.get("Authorization"):
+                    receiver.auth.append(self.headers["Authorization"])
                 self.send_response(204)
                 self.end_headers()
 
@@ -364,6 +370,60 @@ def test_an_alert_the_webhook_did_not_take_is_posted_again_and_a_reset_resolves_
     [resolved] = receiver.find(alert, "resolved")
     assert resolved["summary"].endswith("(the frontier was reset)")
     assert resolved["worker"] == "scrapy frontier --reset"
+
+
+def test_a_host_that_stays_down_keeps_its_alert_firing_until_it_is_delivered(
+        redis_url, receiver):
+    """A probe: a success_rate alert fired while the receiver was down; with the host at
+    0 % in both windows the rule saw no drop and said "unknown", so the alert was neither
+    posted again nor said after the cooldown: the receiver heard only "resolved"."""
+    store, frontier = _store_and_frontier(redis_url)
+    host, now = "dark.example", store.bucket_of(store.now())
+    store.write({(now - 120, f"{host}|status:2xx"): 30, (now, f"{host}|status:5xx"): 20,
+                 (now + 120, f"{host}|status:5xx"): 20})
+    evaluator = _evaluator(store, frontier, "w", receiver, success_window=120,
+                           min_requests=10, cooldown=600)
+    alert = f"success_rate:{host}"
+    receiver.failing = True
+    assert any(f.id == alert and f.firing for f in evaluator.tick())
+    assert receiver.posts == []
+    store.clock_offset += 120  # two minutes on: 0 % now and 0 % the window before
+    receiver.failing = False
+    assert any(f.id == alert and f.firing for f in evaluator.tick())  # not "unknown"
+    assert [p["status"] for p in receiver.posts] == ["firing"]
+    evaluator.tick()
+    assert len(receiver.posts) == 1  # delivered: the cooldown runs from now
+
+
+def test_a_slow_webhook_does_not_let_the_lock_pass_mid_check(redis_url, receiver):
+    """A probe: POSTs to a slow receiver outlasted the evaluator's lock; another worker took
+    it and announced the same alerts, 14 s apart. The lock is renewed as the check goes."""
+    store, frontier = _store_and_frontier(redis_url)
+    now = store.bucket_of(store.now())
+    hosts = [f"slow{n}.example" for n in range(4)]
+    for host in hosts:
+        store.write({(now - 120, f"{host}|status:2xx"): 30, (now, f"{host}|status:5xx"): 20})
+    rules = {"success_window": 120, "min_requests": 10, "cooldown": 600}
+    a = Evaluator(store, frontier, "worker-a", Rules(**rules),
+                  Notifier(receiver.url, "generic", "worker-a", timeout=5), lock_seconds=3)
+    b = Evaluator(store, frontier, "worker-b", Rules(**rules),
+                  Notifier(receiver.url, "generic", "worker-b", timeout=5), lock_seconds=3)
+    receiver.delay = 1.2  # four alerts: 4.8 s of POSTs under a 3 s lock
+    a.tick()
+    assert len(receiver.posts) == 4
+    assert not b.holds_lock()  # still a's: b would have announced them all again
+
+
+def test_a_webhook_url_with_credentials_sends_them_as_basic_auth(receiver):
+    """A probe: ``http://user:pass@host/…`` failed every POST with a DNS error (urllib took
+    "user:pass@host" for the host), and no alert reached the receiver."""
+    from webfarm.monitor.notify import Notifier
+
+    url = receiver.url.replace("http://", "http://hook%40user:s3cret@")
+    notifier = Notifier(url, "generic", "w")
+    assert notifier.where == "http://127.0.0.9" and "s3cret" not in notifier.url
+    assert notifier.post({"id": "x", "status": "firing"})
+    assert receiver.auth == ["Basic " + base64.b64encode(b"hook@user:s3cret").decode()]
 
 
 def test_dead_letters_per_host_and_queue_growth(redis_url, receiver):

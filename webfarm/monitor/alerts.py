@@ -37,7 +37,7 @@ import json
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from scrapy.settings import BaseSettings
@@ -239,7 +239,11 @@ class Evaluator:
             prate = before.success_rate if before and before.outcomes >= r.min_requests else None
             if rate is None:
                 firing = None
-            elif rate < r.success_rate and (prate is None or rate < r.success_drop * prate):
+            elif rate < r.success_rate and (prate is None or rate < r.success_drop * prate
+                                            or host in firing_hosts):
+                # Firing, it stays so while the host is below the threshold: at 0 % in both
+                # windows there is no drop to see, and an alert whose POST had failed was
+                # never delivered, nor said again after the cooldown.
                 firing = True
             else:  # recovered only well above the threshold, so a borderline host won't flap
                 firing = False if rate >= max(r.success_recover, r.success_rate) else None
@@ -320,7 +324,16 @@ class Evaluator:
         now = self.store.now()
         ids = [f.id for f in findings]
         raw = self.server.hmget(self.state_key, ids) if ids else []
+        renewed = time.monotonic()
         for finding, value in zip(findings, raw, strict=True):
+            if self.notifier.url and time.monotonic() - renewed > 1.0:
+                # Slow POSTs (each up to the webhook's timeout) let the lock lapse mid-check:
+                # another worker took it and announced too, 14 s apart. Renewed as it goes.
+                if not self.holds_lock():
+                    logger.info("Monitoring: the lock passed to another worker during this "
+                                "check (a slow webhook?); it evaluates from here")
+                    return
+                renewed = time.monotonic()
             state = json.loads(value) if value else {}
             firing_before = state.get("status") == "firing"
             if finding.firing is True:
@@ -333,12 +346,20 @@ class Evaluator:
                 elif state.get("undelivered"):  # the webhook failed: posted again, not logged
                     sent = self.notifier.post(self.notifier.payload(finding, "firing", since,
                                                                     now))
-                    state["undelivered"] = not sent
+                    # the cooldown runs from when the receiver heard it, not the failed try
+                    state.update(undelivered=not sent, **({"notified_at": now} if sent else {}))
                 elif not firing_before:
                     logger.info("Alert %s fires again within the cooldown: not repeated (%s)",
                                 finding.id, finding.summary)
                     state["notified"] = False
                 state.update(status="firing", since=since, summary=finding.summary)
+            elif finding.firing is None and firing_before and state.get("undelivered"):
+                # The rule cannot tell now (a host at 0 % in both windows shows no drop), and
+                # the receiver never heard of the alert: it stayed silent while it fired.
+                sent = self.notifier.post(self.notifier.payload(
+                    replace(finding, summary=state.get("summary") or finding.summary),
+                    "firing", state["since"], now))
+                state.update(undelivered=not sent, **({"notified_at": now} if sent else {}))
             elif finding.firing is False and firing_before:
                 resolved = self.notifier.payload(finding, "resolved", state["since"], now)
                 if state.get("resolving"):  # said; the webhook failed: posted again

@@ -128,7 +128,9 @@ class MonitorExtension:
         self.evaluator = Evaluator(
             self.store, frontier, self.worker, Rules.from_settings(settings),
             Notifier.from_settings(settings, crawler.spider.name, self.worker),
-            lock_seconds=max(5.0, 3 * self.monitor_interval),
+            # past a POST's timeout too: one slow POST let the lock lapse mid-check
+            lock_seconds=max(5.0, 3 * self.monitor_interval,
+                             3 * settings.getfloat("WEBFARM_ALERT_WEBHOOK_TIMEOUT", 5.0)),
         )
         self._loops: list[LoopingCall] = []
         self._running: dict[str, Deferred] = {}

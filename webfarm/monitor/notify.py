@@ -2,17 +2,18 @@
 
 The POST runs in the caller's thread (the alert evaluator's, never the reactor)
 with a bounded timeout. Webhook URLs often carry a token: logs name only the
-scheme and host.
+scheme and host. A ``user:password@`` in the URL is sent as HTTP Basic authentication.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import urllib.request
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from scrapy.settings import BaseSettings
 
@@ -40,6 +41,16 @@ class Notifier:
                              f"{parts.scheme!r}); fix or unset it")
         # The URL often holds a token: logs name only its scheme and host.
         self.where = f"{parts.scheme}://{parts.hostname}" if url else ""
+        # user:password@ in the URL: urllib took "user:password@host" for a host name (a
+        # DNS error, every alert undelivered). Sent as HTTP Basic authentication instead.
+        self._auth: str | None = None
+        if url and parts.username is not None:
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            self._auth = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
+            netloc = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+            if parts.port is not None:
+                netloc += f":{parts.port}"
+            self.url = urlunsplit(parts._replace(netloc=netloc))
 
     @classmethod
     def from_settings(cls, s: BaseSettings, spider: str, worker: str) -> Notifier:
@@ -73,10 +84,11 @@ class Notifier:
         """POST it to the webhook (True without one); False when that failed."""
         if not self.url:
             return True
-        request = urllib.request.Request(
-            self.url, data=json.dumps(payload).encode(), method="POST",
-            headers={"Content-Type": "application/json", "User-Agent": "webfarm-alerts/1"},
-        )
+        headers = {"Content-Type": "application/json", "User-Agent": "webfarm-alerts/1"}
+        if self._auth:
+            headers["Authorization"] = self._auth
+        request = urllib.request.Request(self.url, data=json.dumps(payload).encode(),
+                                         method="POST", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 response.read(65536)
