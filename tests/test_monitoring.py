@@ -452,6 +452,15 @@ def test_dead_letters_per_host_and_queue_growth(redis_url, receiver):
     assert data["trend"]["queued"] == {"first": 100, "last": 1500, "change": 1400,
                                        "samples": 2}
     assert {r["host"]: r["queued"] for r in data["hosts"]}["c.example"] == 1500
+    # Ten minutes on, the queue grows a little (10 entries): well under both thresholds,
+    # resolved. It resolved only once the queue stopped growing altogether.
+    store.clock_offset += 600
+    store.write({(now + 60, "*|g:queued"): 1500})
+    frontier.push([Entry("c.example", 0, f"d{i}".encode(), f"q{i}") for i in range(10)])
+    found = {f.id: f for f in ev.tick()}
+    assert found["queue_growth"].firing is False and found["queue_growth"].value == 10
+    assert [p["status"] for p in receiver.posts if p["alert"] == "queue_growth"] == [
+        "firing", "resolved"]
 
 
 def test_prometheus_labels_and_worker_memory_stay_bounded_with_many_hosts(redis_url):

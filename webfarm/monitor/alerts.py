@@ -277,7 +277,9 @@ class Evaluator:
         if (growth >= r.queue_min and last >= first * (1 + r.queue_growth)
                 and tp_now <= tp_before * 1.1):
             firing = True
-        elif growth <= 0:
+        elif growth < r.queue_min / 2 or last < first * (1 + r.queue_growth / 2):
+            # well under either threshold: a crawl that finds links a little faster than it
+            # fetches them grows for ever, and the alert (resolved only at <= 0) never ended
             firing = False
         return Finding(
             fid, fid, firing,
