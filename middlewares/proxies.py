@@ -77,6 +77,9 @@ META_SENT = "webfarm_proxy_sent_at"
 META_TRIED = "webfarm_proxy_tried"
 META_RETRIES = "webfarm_proxy_retries"
 META_BANNED = "webfarm_proxy_banned"  # this request was answered with a ban already
+# [proxy id, reason, sent at] of a ban not counted yet: the proxy's only if another proxy
+# then fetches this same request fine (else the page answers so through every proxy)
+META_SUSPECT = "webfarm_proxy_suspect"
 # Reaching the proxy failed: its fault whatever the site does. (Scrapy 2.19's handlers
 # wrap Twisted's errors in its own; both are listed for other handlers.)
 PROXY_ERRORS: tuple[type[BaseException], ...] = (
@@ -265,15 +268,25 @@ class ProxyMiddleware:
         if reason is None and response.status in GATEWAY_STATUSES:
             return await self._gateway_error(request, response, pid, host, sent_at)
         if reason is None:
+            suspect = request.meta.pop(META_SUSPECT, None)
+            if suspect:  # fetched fine through this proxy: the earlier one's ban after all
+                await self._penalise(str(suspect[0]), str(suspect[1]), float(suspect[2]))
             await self.pool.record_success(pid, host, sent_at)
             for key in (META_TRIED, META_RETRIES, META_BANNED):
                 request.meta.pop(key, None)  # a redirect from here starts afresh
             return response
         self.stats.inc_value(f"{PREFIX}/{pid}/bans")
-        blame = response.status == 407 or await self._blame_proxy(request, pid, host)
+        # A 407 is the proxy's. Another ban is suspected, not counted, until another proxy
+        # fetches this request fine: the site's own 403 pages were each counted against
+        # the first proxy that met them, and 15 of them retired two healthy proxies.
+        blame = response.status == 407
+        suspected = not blame and await self._blame_proxy(request, pid, host)
         if blame:
             await self._penalise(pid, reason, sent_at)
+        elif suspected:
+            request.meta[META_SUSPECT] = [pid, reason, sent_at]
         else:
+            request.meta.pop(META_SUSPECT, None)  # banned through another proxy too: the site's
             self.stats.inc_value(f"{PREFIX}/site_bans")
             if response.status in (429, 503) and b"Retry-After" in response.headers:
                 return response  # the site asks us to wait: politeness, not rotation
@@ -281,6 +294,10 @@ class ProxyMiddleware:
         retry = self._retry(request, pid, reason, response.status)
         if retry is not None:
             return retry
+        if suspected:  # no other proxy to ask: counted, as before (the frontier retries)
+            request.meta.pop(META_SUSPECT, None)
+            await self._penalise(pid, reason, sent_at)
+            blame = True
         if blame:
             raise RetryLater(f"proxy: {reason} through {self._tried(request, pid)}",
                              status=response.status, response=response)

@@ -301,8 +301,27 @@ def test_site_bans_do_not_burn_the_pool(redis_url):
     assert bad != good
     retry = run(mw.process_response(banned, fetched(banned, 200, f"<p>{BAN_MARKER}</p>".encode())))
     assert isinstance(retry, Request)
+    assert bad in mw.pool.healthy_ids()  # suspected: the page may answer so everywhere
+    run(mw.process_request(retry))
+    assert retry.meta["webfarm_proxy"] != bad
+    assert run(mw.process_response(retry, fetched(retry))).status == 200  # fine elsewhere
     assert bad not in mw.pool.healthy_ids() and good in mw.pool.healthy_ids()
     assert mw.stats.get_value(f"webfarm/proxies/{bad}/cooldowns") == 1
+
+    # A probe: the site's own 403 pages (the same through every proxy) were each counted
+    # against the first proxy that met them, and 15 of them retired two healthy proxies.
+    before = mw.pool.healthy_ids()
+    for n in range(6):
+        page = Request(f"http://127.0.0.2:8000/forbidden/{n}")
+        for _ in range(3):
+            run(mw.process_request(page))
+            outcome = run(mw.process_response(page, fetched(page, 403, b"Forbidden")))
+            if not isinstance(outcome, Request):
+                break
+            page = outcome
+        assert isinstance(outcome, HtmlResponse) and outcome.status == 403  # the site's
+    assert mw.pool.healthy_ids() == before
+    assert mw.stats.get_value(f"webfarm/proxies/{good}/cooldowns") is None
 
     # Once a proxy reached the host, the page refused through every proxy is the site's
     # answer, handed on down the chain.
