@@ -145,9 +145,9 @@ class _DeadLetterRedirects:
             location = (response.headers.get(b"Location") or b"<meta refresh>").decode(
                 "latin-1")
             why = str(exc).lower()
-            scheme = location.strip().partition(":")[0].lower() if ":" in location else ""
+            scheme = _scheme_of(location) if ":" in location else ""
             if scheme.isalpha() and scheme not in ("http", "https"):  # mailto:, javascript:
-                why = f"its scheme {scheme!r} is not http or https"  # not "missing scheme"
+                why = _not_http(scheme)  # it said "missing scheme"
             raise self._unfetchable(request, location, why) from None
 
     def _unfetchable(self, request: Request, target: str, why: str) -> DeadLetter:
@@ -201,6 +201,15 @@ class _DeadLetterRedirects:
                     "spider's hosts: not followed")
 
 
+def _scheme_of(location: str) -> str:
+    return location.split(":", 1)[0].strip().lower()
+
+
+def _not_http(scheme: str) -> str:
+    """Why a redirect to a URL of ``scheme`` is dead-lettered."""
+    return f"its scheme {scheme[:20]!r} is not http or https"
+
+
 def _chain(urls: list[str], keep: int = 4) -> str:
     shown = urls if len(urls) <= keep * 2 else [*urls[:keep], "…", *urls[-keep:]]
     return " → ".join(u[:200] for u in shown)
@@ -227,9 +236,8 @@ class RedirectMiddleware(_DeadLetterRedirects, redirect.RedirectMiddleware):
             _inc(self.crawler, "redirect_unfetchable")
             raise DeadLetter(f"redirect without a Location header: HTTP {response.status} "
                              f"from {request.url[:200]}")
-        scheme = location.decode("latin-1").split(":", 1)[0].strip().lower()
-        raise self._unfetchable(request, location.decode("latin-1")[:200],
-                                f"its scheme {scheme[:20]!r} is not http or https")
+        target = location.decode("latin-1")
+        raise self._unfetchable(request, target[:200], _not_http(_scheme_of(target)))
 
 
 class MetaRefreshMiddleware(_DeadLetterRedirects, redirect.MetaRefreshMiddleware):
