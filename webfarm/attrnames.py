@@ -30,7 +30,8 @@ SPIDER_NAMES = ("render", "render_check", "extractor_version", "extract", "item_
                 "item_key_fields", "refetch_rules", "max_pages", "check_crawl_arguments")
 
 
-def _slip(name: str, read: tuple[str, ...] | set[str]) -> str | None:
+def close_name(name: str, read: tuple[str, ...] | set[str] | list[str]) -> str | None:
+    """The read name ``name`` looks like a slip of, if any (None for a read name)."""
     if name in read or name.startswith("__"):
         return None
     close = difflib.get_close_matches(name, sorted(read), n=1, cutoff=CLOSE)
@@ -48,7 +49,7 @@ def item_class_slips(cls: type) -> tuple[tuple[str, str], ...]:
     slips = []
     for klass in cls.__mro__[:-1]:
         for name in vars(klass):
-            meant = None if name in fields else _slip(name, ITEM_NAMES)
+            meant = None if name in fields else close_name(name, ITEM_NAMES)
             if meant is not None and not hasattr(cls, meant):
                 slips.append((name, meant))
     for name, meant in slips:
@@ -69,7 +70,7 @@ def dict_key_slips(item: dict[str, Any]) -> None:
     for name in item:
         if (isinstance(name, str) and name.startswith("_") and name not in DICT_KEYS
                 and name not in _said_keys):
-            meant = _slip(name, DICT_KEYS)
+            meant = close_name(name, DICT_KEYS)
             if meant is not None and meant not in item:
                 _said_keys.add(name)
                 logger.warning("a dict item's key %r is no name the item store reads; did "
@@ -87,7 +88,7 @@ def spider_slips(spidercls: type, base: type) -> list[tuple[str, str]]:
         for name in vars(klass):
             if name.startswith("_") or hasattr(base, name) or name in SPIDER_NAMES:
                 continue
-            meant = _slip(name, read)
+            meant = close_name(name, read)
             if meant is not None and not any(meant in vars(k) for k in spidercls.__mro__
                                              if not issubclass(base, k) and k is not base):
                 slips.append((name, meant))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import difflib
 import functools
 import logging
 import re
@@ -24,6 +23,7 @@ from scrapy.commands.crawl import Command as ScrapyCrawlCommand
 from scrapy.settings import BaseSettings
 
 from webfarm import config
+from webfarm.attrnames import close_name
 from webfarm.batching import StorageUnavailable
 from webfarm.commands._common import check_log_level, spider_settings
 from webfarm.netguard import NetGuard, NetGuardError
@@ -188,8 +188,8 @@ def refuse_missing_rule_methods(spidercls: type) -> None:
             if isinstance(name, str) and not callable(getattr(spidercls, name, None)):
                 methods = [n for n in dir(spidercls) if callable(getattr(spidercls, n, None))
                            and not n.startswith("_")]
-                close = difflib.get_close_matches(name, methods, n=1, cutoff=0.75)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
+                meant = close_name(name, methods)
+                hint = f"; did you mean {meant!r}?" if meant else ""
                 raise ValueError(f"a Rule's {what}={name!r} is no method of "
                                  f"{spidercls.__name__} (Scrapy would skip it without a "
                                  f"word){hint}")
