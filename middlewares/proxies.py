@@ -369,8 +369,9 @@ class ProxyMiddleware:
         return None
 
     async def _blame_proxy(self, request: Request, pid: str, host: str) -> bool:
-        """The proxy, not the site, is to blame if others fetch this host fine and this
-        request was not banned through another proxy already (then it is the page)."""
+        """The proxy, not the site, may be to blame if others fetch this host fine and this
+        request was not banned through another proxy already (then it is the page); it is,
+        once another proxy fetches this request fine (``META_SUSPECT``)."""
         if request.meta.get(META_BANNED):
             return False
         return await self.pool.host_ok_elsewhere(host, pid)
