@@ -311,6 +311,26 @@ def _evaluator(store, frontier, worker: str, receiver: Receiver, **rules) -> Eva
                      Notifier(receiver.url, "generic", worker, timeout=5), lock_seconds=30)
 
 
+def _fired_while_the_receiver_is_down(redis_url: str, receiver: Receiver, host: str,
+                                      failing_class: int, minutes_down: int = 0):
+    """A host fetched fine two minutes ago and failing now (and, by ``minutes_down``,
+    the minutes after), its success_rate alert fired while the receiver answered 503:
+    the store, frontier, evaluator and alert id."""
+    store, frontier = _store_and_frontier(redis_url)
+    now = store.bucket_of(store.now())
+    figures = {(now - 120, f"{host}|status:2xx"): 30}
+    for minute in range(0, minutes_down * 60 + 1, 120):
+        figures[(now + minute, f"{host}|status:{failing_class}xx")] = 20
+    store.write(figures)
+    evaluator = _evaluator(store, frontier, "w", receiver, success_window=120,
+                           min_requests=10, cooldown=600)
+    alert = f"success_rate:{host}"
+    receiver.failing = True
+    assert any(f.id == alert and f.firing for f in evaluator.tick())
+    assert receiver.posts == []
+    return store, frontier, evaluator, alert
+
+
 def test_one_evaluator_at_a_time_cooldown_and_recovery_are_shared(redis_url, receiver):
     store, frontier = _store_and_frontier(redis_url)
     host, now = "shop.example", store.bucket_of(store.now())
@@ -348,15 +368,8 @@ def test_an_alert_the_webhook_did_not_take_is_posted_again_and_a_reset_resolves_
     """A failed POST was taken as sent: nothing again until the cooldown (30 min), and
     its "resolved" went to a receiver that never heard it fire. And `scrapy frontier
     --reset` deleted a firing alert's state without a word to the receiver."""
-    store, frontier = _store_and_frontier(redis_url)
-    host, now = "down.example", store.bucket_of(store.now())
-    store.write({(now - 120, f"{host}|status:2xx"): 30, (now, f"{host}|status:4xx"): 20})
-    evaluator = _evaluator(store, frontier, "w", receiver, success_window=120,
-                           min_requests=10, cooldown=600)
-    alert = f"success_rate:{host}"
-    receiver.failing = True
-    assert any(f.id == alert and f.firing for f in evaluator.tick())
-    assert receiver.posts == []
+    store, frontier, evaluator, alert = _fired_while_the_receiver_is_down(
+        redis_url, receiver, "down.example", 4)
     receiver.failing = False
     evaluator.tick()  # the next check posts it again
     assert [p["status"] for p in receiver.posts] == ["firing"]
@@ -377,16 +390,8 @@ def test_a_host_that_stays_down_keeps_its_alert_firing_until_it_is_delivered(
     """A probe: a success_rate alert fired while the receiver was down; with the host at
     0 % in both windows the rule saw no drop and said "unknown", so the alert was neither
     posted again nor said after the cooldown: the receiver heard only "resolved"."""
-    store, frontier = _store_and_frontier(redis_url)
-    host, now = "dark.example", store.bucket_of(store.now())
-    store.write({(now - 120, f"{host}|status:2xx"): 30, (now, f"{host}|status:5xx"): 20,
-                 (now + 120, f"{host}|status:5xx"): 20})
-    evaluator = _evaluator(store, frontier, "w", receiver, success_window=120,
-                           min_requests=10, cooldown=600)
-    alert = f"success_rate:{host}"
-    receiver.failing = True
-    assert any(f.id == alert and f.firing for f in evaluator.tick())
-    assert receiver.posts == []
+    store, _, evaluator, alert = _fired_while_the_receiver_is_down(
+        redis_url, receiver, "dark.example", 5, minutes_down=2)
     store.clock_offset += 120  # two minutes on: 0 % now and 0 % the window before
     receiver.failing = False
     assert any(f.id == alert and f.firing for f in evaluator.tick())  # not "unknown"

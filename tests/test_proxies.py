@@ -7,6 +7,7 @@ import base64
 import json
 import re
 import time
+from typing import Any
 
 import pymongo
 import pytest
@@ -266,6 +267,18 @@ def test_second_worker_sees_a_proxy_banned_by_the_first(redis_url):
     assert SECRET.encode() not in b"".join(k + v for k, v in stored.items())
 
 
+def refused_by_every_proxy(mw: ProxyMiddleware, request: Request) -> Any:
+    """``request`` answered 403 through each proxy the middleware sends it by, three at
+    most: what the middleware ends with (a response handed on, or a retry)."""
+    for _ in range(3):
+        run(mw.process_request(request))
+        outcome = run(mw.process_response(request, fetched(request, 403, b"Forbidden")))
+        if not isinstance(outcome, Request):
+            break
+        request = outcome
+    return outcome
+
+
 def test_site_bans_do_not_burn_the_pool(redis_url):
     mw = ProxyMiddleware.from_crawler(crawler_for(
         redis_url, "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", WEBFARM_PROXY_RETRY_TIMES=5,
@@ -312,26 +325,14 @@ def test_site_bans_do_not_burn_the_pool(redis_url):
     # against the first proxy that met them, and 15 of them retired two healthy proxies.
     before = mw.pool.healthy_ids()
     for n in range(6):
-        page = Request(f"http://127.0.0.2:8000/forbidden/{n}")
-        for _ in range(3):
-            run(mw.process_request(page))
-            outcome = run(mw.process_response(page, fetched(page, 403, b"Forbidden")))
-            if not isinstance(outcome, Request):
-                break
-            page = outcome
+        outcome = refused_by_every_proxy(mw, Request(f"http://127.0.0.2:8000/forbidden/{n}"))
         assert isinstance(outcome, HtmlResponse) and outcome.status == 403  # the site's
     assert mw.pool.healthy_ids() == before
     assert mw.stats.get_value(f"webfarm/proxies/{good}/cooldowns") is None
 
     # Once a proxy reached the host, the page refused through every proxy is the site's
     # answer, handed on down the chain.
-    private = Request("http://127.0.0.2:8000/private")
-    for _ in range(3):
-        run(mw.process_request(private))
-        outcome = run(mw.process_response(private, fetched(private, 403, b"Forbidden")))
-        if not isinstance(outcome, Request):
-            break
-        private = outcome
+    outcome = refused_by_every_proxy(mw, Request("http://127.0.0.2:8000/private"))
     assert isinstance(outcome, HtmlResponse) and outcome.status == 403
 
     # A 429 with Retry-After that is not the proxy's fault is left to politeness.
