@@ -24,7 +24,7 @@ from middlewares.limits import INFLATE_MAX
 from middlewares.retry import parse_retry_after
 from webfarm.exceptions import DeadLetter, RetryLater, Unreadable
 from webfarm.proxies import UNPROVEN
-from webfarm.robots import MAX_BYTES, MAX_REDIRECTS, Fetched, classify
+from webfarm.robots import MAX_BYTES, MAX_REDIRECTS, META, Fetched, classify
 from webfarm.urls import unfetchable
 
 if TYPE_CHECKING:
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-META = "webfarm_robots"  # marks our own robots.txt requests
 #: the host does not answer at all: nothing listens, or its name does not resolve
 ABSENT_ERRORS: tuple[type[BaseException], ...] = (
     DownloadConnectionRefusedError, CannotResolveHostError, txerror.ConnectionRefusedError,

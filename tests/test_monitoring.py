@@ -594,3 +594,40 @@ def test_no_progress_counts_work_waiting_in_the_delayed_set(redis_url, receiver)
     # Not sent, so no attempt spent: it comes back as the first try it was.
     again = frontier.pop("w")
     assert again is not None and again.attempts == popped.attempts == 0
+
+
+def test_a_robots_txt_the_site_does_not_have_is_not_a_failed_fetch(redis_url):
+    """A 404 robots.txt means "no rules" (RFC 9309): it counted as a 4xx against the host,
+    the one failure of a healthy site. A 503 one is the site failing, and still counts."""
+    from scrapy import Request
+    from scrapy.http import HtmlResponse
+    from twisted.internet.error import ConnectionRefusedError as Refused
+
+    from webfarm.monitor.extension import MonitorMiddleware
+    from webfarm.robots import META
+
+    server = redis.Redis.from_url(redis_url)
+    server.delete(*server.keys("webfarm:{robots404}:m:*") or ["none"])
+    store = MetricsStore(server, "robots404", bucket_seconds=60)
+    mw = MonitorMiddleware(Recorder(store))
+
+    def fetch(url: str, status: int, meta: dict | None = None) -> None:
+        request = Request(url, meta=dict(meta or {}))
+        mw.process_request(request)
+        mw.process_response(request, HtmlResponse(url, status=status, body=b"x"))
+
+    robots = {META: True}
+    fetch("http://a.example/robots.txt", 404, robots)
+    fetch("http://b.example/robots.txt", 503, robots)
+    fetch("http://c.example/robots.txt", 200, robots)
+    for host in ("a", "b", "c"):
+        fetch(f"http://{host}.example/", 200)
+    failed = Request("http://d.example/robots.txt", meta=robots)
+    mw.process_request(failed)
+    mw.process_exception(failed, Refused())
+    store.write(*mw.recorder.drain())
+    hosts = store.window(60).hosts
+    assert hosts["a.example"].success_rate == 1.0 and hosts["a.example"].requests == 1
+    assert hosts["b.example"].success_rate == 0.5 and hosts["b.example"].requests == 2
+    assert hosts["c.example"].success_rate == 1.0 and hosts["c.example"].requests == 2
+    assert hosts["d.example"].requests == 1 and hosts["d.example"].error_count == 1

@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 MAX_BYTES = 500 * 1024
 MAX_REDIRECTS = 5
+#: meta key marking webfarm's own robots.txt requests (the monitor tells them from pages)
+META = "webfarm_robots"
 
 Kind = Literal["parse", "redirect", "allow", "unreachable"]
 State = Literal["parsed", "allow", "unreachable"]

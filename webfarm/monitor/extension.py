@@ -32,7 +32,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
-from webfarm import fetchapi
+from webfarm import fetchapi, robots
 from webfarm.items import PageItem
 from webfarm.monitor.alerts import Evaluator, Rules
 from webfarm.monitor.metrics import MetricsStore, Recorder
@@ -78,8 +78,8 @@ class MonitorMiddleware:
         return cls(shared_recorder(crawler))
 
     def process_request(self, request: Request, spider: Spider | None = None) -> None:
-        if request.meta.get(fetchapi.META_CALL):
-            return
+        if request.meta.get(fetchapi.META_CALL) or request.meta.get(robots.META):
+            return  # robots.txt: counted when it ends, as it may not count at all
         request.meta[_FLAG] = True
         self.recorder.request(host_of(request.url))
 
@@ -89,6 +89,10 @@ class MonitorMiddleware:
         if request.meta.get(fetchapi.META_CALL):
             return response  # the call to the fetch API: counted as the page it brings back
         host = host_of(request.url)
+        if request.meta.get(robots.META) and robots.classify(response.status) == "allow":
+            # A 404 (or 401, 403, ...) robots.txt is the site's answer "no rules",
+            # not a failed fetch: it cost hosts without one a point of success rate.
+            return response
         if not request.meta.pop(_FLAG, None):
             # Answered before reaching us (the fetch-API rung, a cache): still a fetch.
             self.recorder.request(host)
@@ -107,8 +111,15 @@ class MonitorMiddleware:
     ) -> None:
         # Only fetches that reached the downloader; robots.txt, SSRF refusals and the like
         # (IgnoreRequest from an earlier middleware) are decisions, not errors.
-        if request.meta.pop(_FLAG, None) and not isinstance(exception, IgnoreRequest):
-            self.recorder.error(host_of(request.url), type(exception).__name__)
+        counted = request.meta.pop(_FLAG, None)
+        if isinstance(exception, IgnoreRequest):
+            return None
+        host = host_of(request.url)
+        if request.meta.get(robots.META):  # not counted as it started
+            self.recorder.request(host)
+            counted = True
+        if counted:
+            self.recorder.error(host, type(exception).__name__)
         return None
 
 
