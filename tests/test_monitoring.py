@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -540,6 +541,12 @@ def test_scrapy_frontier_shows_figures_worst_first_json_and_watch(redis_url, rec
     assert "OK%" in table_lines[header] and "4XX" in table_lines[header]
     assert table_lines[header + 1].split()[0] == "bad.example"
     assert "25.0" in table_lines[header + 1].split()  # its success rate, in percent
+    # each frame says when it was taken (frames piped to a file ran together)
+    stamps = re.findall(r"^generic at (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC$", text, re.M)
+    assert len(stamps) >= 2 and stamps == sorted(stamps)
+    frame = json.loads(runner.scrapy(["frontier", "generic", "--json", "--watch", "0.5",
+                                      "--count", "1"], env, 60).stdout)
+    assert abs(datetime.fromisoformat(frame["at"]).timestamp() - time.time()) < 60
 
 
 def test_scrapy_frontier_reads_the_bucket_size_the_workers_wrote(redis_url):

@@ -19,6 +19,7 @@ import argparse
 import json
 import socket
 import sys
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import redis
@@ -263,9 +264,13 @@ class Command(ScrapyCommand):
             raise CommandError(str(exc), BAD_CONFIG) from None
         if proxies:  # health is shared by every spider's workers
             doc["proxies"] = proxy_health(frontier.server, proxies)
+        if opts.watch is not None:  # frames piped to a file: each says when it was taken
+            doc["at"] = datetime.now(UTC).isoformat(timespec="seconds")
         if opts.json:
             print(json.dumps(doc, indent=None if opts.watch else 2))
             return
+        if opts.watch is not None:
+            print(f"{doc['spider']} at {doc['at'].replace('T', ' ').replace('+00:00', ' UTC')}")
         print(summary(doc))
         if proxies:
             print("\n".join(proxy_lines(doc["proxies"])))
