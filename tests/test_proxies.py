@@ -709,20 +709,27 @@ def test_scrapy_frontier_shows_each_proxy_s_health(redis_url):
     """An operator had nowhere to see it: worker log lines and close-time stats only."""
     from tests import runner
 
-    proxies = "127.0.0.1:1#fine,127.0.0.1:2#cool,127.0.0.1:3#gone"
+    proxies = "127.0.0.1:1#fine,127.0.0.1:2#cool,127.0.0.1:3#gone,127.0.0.1:4#back"
     pool = make_pool(redis_url, proxies, base=600, max_failures=2)
     run(pool.record_failure("cool", "ban status 403", pool.clock()))
+    pool.clock = lambda: time.time() - 700  # its cooldown is over; its failure counts on
+    run(pool.record_failure("back", "timeout", pool.clock()))
+    pool.clock = time.time
     for _ in range(2):
         run(pool.record_failure("gone", "407 proxy authentication required", pool.clock()))
     env = runner.env_for(REDIS_URL=redis_url, WEBFARM_PROXIES=proxies)
     doc = json.loads(runner.scrapy(["frontier", "generic", "--json"], env, 60).stdout)
     states = {p["id"]: (p["state"], p["failures"]) for p in doc["proxies"]}
-    assert states == {"fine": ("healthy", 0), "cool": ("cooling", 1), "gone": ("retired", 2)}
+    assert states == {"fine": ("healthy", 0), "cool": ("cooling", 1), "gone": ("retired", 2),
+                      "back": ("healthy", 1)}
     text = runner.scrapy(["frontier", "generic"], env, 60).stdout
     assert re.search(r"  cool  cooling down (?:5\d\d|600)s more \(1 in a row; last: ban "
                      r"status 403\)", text), text
     assert ("  gone  retired (2 in a row; last: 407 proxy authentication required); fix it, "
             "then delete webfarm:proxies:gone") in text
+    assert "  fine  healthy\n" in text
+    assert ("  back  in use again, 1 in a row; last: timeout; a fetch through it clears them"
+            in text), text
 
 
 def test_with_every_proxy_retired_pages_wait_and_go_on_once_one_is_back(

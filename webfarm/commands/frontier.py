@@ -160,7 +160,11 @@ def proxy_lines(rows: list[dict[str, Any]]) -> list[str]:
     width = max(len(r["id"]) for r in rows)
     for r in rows:
         why = f"{r['failures']} in a row; last: {r['last_reason'] or '?'}"
-        state = {"healthy": "healthy",
+        # Past its cooldown, a proxy's failures count on until a request sent since then
+        # is fetched fine: "healthy" alone hid how close it was to retirement.
+        healthy = (f"in use again, {why}; a fetch through it clears them" if r["failures"]
+                   else "healthy")
+        state = {"healthy": healthy,
                  "cooling": f"cooling down {r['cooling_for']:.0f}s more ({why})",
                  "retired": f"retired ({why}); fix it, then delete {r['key']}"}[r["state"]]
         lines.append(f"  {r['id']:<{width}}  {state}")
