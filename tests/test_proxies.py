@@ -139,6 +139,22 @@ def test_backoff_grows_caps_and_retires(redis_url):
     assert run(pool.pick("h", exclude=["127.0.0.1:2"])) is None
 
 
+def test_a_retired_proxy_whose_key_is_deleted_is_said_to_be_back(redis_url, caplog):
+    """The README's way back for a retired proxy (delete its key) worked with no word."""
+    pool = make_pool(redis_url, "127.0.0.1:7#back-1", max_failures=1)
+    run(pool.record_failure("back-1", "refused", pool.clock()))
+    run(pool.refresh(force=True))
+    assert pool.retired_ids() == ["back-1"]
+    pool.redis.delete(pool.key("back-1"))
+    with caplog.at_level("INFO", logger="webfarm.proxies"):
+        run(pool.refresh(force=True))
+        run(pool.refresh(force=True))
+    assert pool.healthy_ids() == ["back-1"]
+    said = [r.getMessage() for r in caplog.records if "back in use" in r.getMessage()]
+    assert said == ["Proxy back-1 is back in use: its health key webfarm:proxies:back-1 was "
+                    "deleted or expired"]
+
+
 def test_success_after_the_incident_resets_the_count(redis_url):
     clock = [1000.0]
     pool = make_pool(redis_url, "127.0.0.1:1", base=1, max_failures=3, clock=lambda: clock[0])

@@ -209,7 +209,11 @@ class ProxyPool:
             logger.warning("proxy health: Redis read failed, keeping the last state: %s", exc)
             return False
         for pid, row in zip(self.order, rows, strict=True):
-            self.state[pid] = ProxyState.from_redis(row)
+            state = ProxyState.from_redis(row)
+            if self.state[pid].retired and not state.retired:  # nothing said it before
+                logger.info("Proxy %s is back in use: its health key %s was deleted or "
+                            "expired", pid, self.key(pid))
+            self.state[pid] = state
         return True
 
     def healthy_ids(self, now: float | None = None) -> list[str]:
