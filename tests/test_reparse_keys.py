@@ -8,12 +8,14 @@ key on re-parse, and the documents stored under the old key stayed beside them, 
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import pytest
 from scrapy.http import Response
 from scrapy.utils.test import get_crawler
 
@@ -129,8 +131,34 @@ def test_a_key_two_pages_give_other_values_is_said_once_and_counted(index, blobs
     assert len(said) == 1, said
     # Pages are read in content-hash order: either page of a product may come first.
     assert re.match(r"reparse: 'offers' item 'S(\d)' came from two pages with other values "
-                    r"\(http://shop.test/page/(\d), http://shop.test/page/(\d)\): its key "
-                    r"\(sku\) does not tell them apart", said[0]), said[0]
+                    r"\(http://shop.test/page/(\d), http://shop.test/page/(\d)\)\. The "
+                    r"document keeps the item of the page fetched last\.", said[0]), said[0]
+    assert "their key (sku) does not tell them apart" in said[0]
+    assert "scrapy seed SPIDER --force URL" in said[0]  # or one page is an older copy
     sku, a, b = re.match(r".*'S(\d)'.*page/(\d), .*page/(\d)\)", said[0]).groups()
     assert {int(a), int(b)} == {int(sku), int(sku) + 3}
     assert "key_fields" in said[0] and said[0].endswith("(said once per collection)")
+
+
+@pytest.mark.parametrize("newer", [(3, 4, 5), (0, 1, 2)])
+@pytest.mark.parametrize("batch_size", [1, 100])
+def test_of_two_pages_of_one_record_the_one_fetched_last_wins_in_any_read_order(
+        index, blobs, newer, batch_size):
+    """A product on two URLs, one refetched after its price changed and one not: a full
+    re-parse read them in content-hash order and the one read last won, so a stale price
+    came back over the new one (counted changed, with a new changed_at)."""
+    store_pages(index, blobs, 6, skus=3)  # S<n> on pages n and n + 3
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+    index.pages.update_many({"url": {"$in": [f"http://shop.test/page/{n}" for n in newer]}},
+                            {"$set": {"fetched_at": later}})
+    expected = {f"S{n % 3}": str(n) for n in newer}  # ClashingOfferSpider's price: the page
+    dry = reparse(ClashingOfferSpider, index, blobs, batch_size=batch_size, dry_run=True)
+    first = reparse(ClashingOfferSpider, index, blobs, batch_size=batch_size)
+    assert {d["_id"]: d["price"] for d in index.db.offers.find()} == expected
+    assert all(d["source_url"].endswith(f"/page/{d['price']}") for d in index.db.offers.find())
+    assert (dry.created, dry.superseded) == (first.created, first.superseded)
+    changed_at = {d["_id"]: d["changed_at"] for d in index.db.offers.find()}
+    again = reparse(ClashingOfferSpider, index, blobs, batch_size=batch_size)
+    assert (again.changed, again.unchanged, again.superseded) == (0, 3, 3)
+    assert {d["_id"]: d["price"] for d in index.db.offers.find()} == expected
+    assert {d["_id"]: d["changed_at"] for d in index.db.offers.find()} == changed_at

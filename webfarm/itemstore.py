@@ -28,7 +28,8 @@ import functools
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import bson
@@ -67,6 +68,13 @@ class ItemEntry:
     content_hash: str | None
     extracted_at: dt.datetime
     extractor_version: str | None
+    #: when the item's page was fetched (None: at ``extracted_at``, as in a crawl). Of two
+    #: pages giving one key, the item of the one fetched last is kept (``source_fetched_at``)
+    fetched_at: dt.datetime | None = None
+
+    @property
+    def source_fetched_at(self) -> dt.datetime:
+        return self.fetched_at or self.extracted_at
 
     @functools.cached_property
     def digest(self) -> str:
@@ -104,8 +112,9 @@ def item_hash(fields: dict[str, Any]) -> str:
 
 
 def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None,
-               extracted_at: dt.datetime) -> ItemEntry:
-    """What to store for one item; raises ItemError for a missing key or unstorable value."""
+               extracted_at: dt.datetime, fetched_at: dt.datetime | None = None) -> ItemEntry:
+    """What to store for one item; raises ItemError for a missing key or unstorable value.
+    ``fetched_at``: when its page was fetched, if not at ``extracted_at`` (a re-parse)."""
     if isinstance(item, dict):
         dict_key_slips(item)
     else:
@@ -156,7 +165,8 @@ def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None
                         "items (the page itself is kept in the blob store) or split the item")
     version = getattr(spider, "extractor_version", None)
     return ItemEntry(collection, key, key_fields, fields, source_url, content_hash,
-                     extracted_at, None if version is None else str(version))
+                     extracted_at, None if version is None else str(version),
+                     as_utc(fetched_at) if isinstance(fetched_at, dt.datetime) else None)
 
 
 def fold_keyless(entries: list[ItemEntry]) -> tuple[list[ItemEntry], dict[str, int]]:
@@ -195,9 +205,10 @@ def index_fields(settings: Any) -> tuple[str, ...]:
 # What the store adds to an item's fields in its document (see ItemStore.write_items).
 STORED_FIELDS = frozenset({"_id", "source_url", "content_hash", "extracted_at",
                            "extractor_version", "item_hash", "changed_at",
-                           "first_extracted_at", "item_fields", "item_key"})
+                           "first_extracted_at", "item_fields", "item_key",
+                           "source_fetched_at"})
 _SEEN = {"item_hash": 1, "extracted_at": 1, "first_extracted_at": 1, "changed_at": 1,
-         "item_fields": 1}
+         "item_fields": 1, "source_fetched_at": 1}
 _CREATED_HERE = object()
 _CHANGED_HERE = "(changed by this batch)"  # an item hash no entry has
 
@@ -228,6 +239,50 @@ def _outcome(known: dict[Any, Any], key: Any, digest: str) -> str:
     before = known.get(key, _ABSENT)
     known[key] = digest
     return CREATED if before is _ABSENT else UNCHANGED if before == digest else CHANGED
+
+
+def _superseded(doc: dict[str, Any] | None, entry: ItemEntry, run: RunOrder | None = None,
+                ) -> bool:
+    """Whether ``doc`` holds, or will hold, the item of a page fetched after ``entry``'s:
+    a worker stalled past its lease while another fetched the page again; in a re-parse,
+    an older copy of a record (a product's second URL, not refetched since its price
+    changed). A re-parse read pages in content-hash order, and the one read last won,
+    stale or not, with a "changed" each time it flipped. Documents stored before
+    ``source_fetched_at`` compare ``extracted_at``."""
+    if doc is None:
+        return False
+    later = (stored_later(doc, "source_fetched_at", entry.source_fetched_at)
+             if isinstance(doc.get("source_fetched_at"), dt.datetime)
+             else stored_later(doc, "extracted_at", entry.extracted_at))
+    if run is None or not later or stored_later(doc, "extracted_at", run.since - _MS):
+        return later  # a crawl's, or an item this re-parse (or a crawl beside it) wrote
+    # Stored before the re-parse: it re-extracts (a new extractor), so the stored item
+    # goes, unless the later page it came from is read in this run too and decides then.
+    return doc.get("source_url") in run.ahead
+
+
+@dataclass
+class RunOrder:
+    """A re-parse's part in :func:`_superseded`: when it began, and which of the pages the
+    stored items came from it reads too (``read(urls)`` answers, ``ahead`` holds them)."""
+
+    since: dt.datetime
+    read: Callable[[set[str]], set[str]]
+    ahead: set[str] = field(default_factory=set)
+
+    def look_ahead(self, found: Iterable[dict[str, Any]], entries: Iterable[ItemEntry]
+                   ) -> None:
+        urls = {d["source_url"] for d in found
+                if isinstance(d.get("source_url"), str) and not stored_later(
+                    d, "extracted_at", self.since - _MS)}
+        here = urls & {e.source_url for e in entries}  # read now: surely in the run
+        self.ahead = here | (self.read(urls - here) if urls - here else set())
+
+
+_MS = dt.timedelta(milliseconds=1)  # BSON dates keep milliseconds
+
+
+_MS = dt.timedelta(milliseconds=1)  # BSON dates keep milliseconds
 
 
 def _same_ms(stored: Any, at: dt.datetime) -> bool:
@@ -279,12 +334,13 @@ class ItemStore:
                 coll.create_index(name)
         self._indexed.add(collection)
 
-    def write_items(self, entries: list[ItemEntry], retried: bool = False
-                    ) -> list[str | ItemError]:
+    def write_items(self, entries: list[ItemEntry], retried: bool = False,
+                    run: RunOrder | None = None) -> list[str | ItemError]:
         """Store the entries; each one's outcome, or the ItemError of one the server refused
         for good (the others are stored). ``retried``: an earlier attempt at these very
         entries failed, and may have landed in part; their outcomes are then those of the
-        first attempt (see :func:`_before_batch`)."""
+        first attempt (see :func:`_before_batch`). ``run``: a re-parse's (see
+        :func:`_superseded`)."""
         results: list[str | ItemError] = [UNCHANGED] * len(entries)
         by_coll: dict[str, list[int]] = {}
         for i, entry in enumerate(entries):
@@ -293,8 +349,12 @@ class ItemStore:
             self._ensure_indexes(name, entries[idx[0]].key_fields)
             coll = self.db[name]
             keys = [entries[i].key for i in idx]
-            seen = _SEEN if retried else {"item_hash": 1, "item_fields": 1, "extracted_at": 1}
+            seen = {**_SEEN} if retried else {"item_hash": 1, "item_fields": 1,
+                                              "extracted_at": 1, "source_fetched_at": 1}
+            seen["source_url"] = 1
             found = {self._k(d["_id"]): d for d in coll.find({"_id": {"$in": keys}}, seen)}
+            if run is not None:
+                run.look_ahead(found.values(), (entries[i] for i in idx))
             missing = {self._k(k) for k in keys} - set(found)
             if retried:
                 last = {self._k(entries[i].key): entries[i] for i in idx}  # what a key gets
@@ -306,17 +366,19 @@ class ItemStore:
             for i in idx:
                 entry = entries[i]
                 k = self._k(entry.key)
-                if stored_later(found.get(k), "extracted_at", entry.extracted_at):
-                    # A later extraction is stored: this one's page was fetched before a
-                    # worker stalled past its lease, and another fetched it again since.
-                    results[i] = SUPERSEDED
+                held = docs[k][1] if k in docs else found.get(k)
+                if _superseded(held, entry, run):  # an item of a page fetched later
+                    # the same values (a product's print page): one record, unchanged
+                    same = held is not None and held.get("item_hash") == entry.digest
+                    results[i] = UNCHANGED if same else SUPERSEDED
                     continue
                 digest = entry.digest
                 results[i] = _outcome(stored, k, digest)
                 doc = {**entry.fields, "source_url": entry.source_url,
                        "content_hash": entry.content_hash, "extracted_at": entry.extracted_at,
                        "extractor_version": entry.extractor_version, "item_hash": digest,
-                       "item_fields": sorted(entry.fields), "item_key": list(entry.key_fields)}
+                       "item_fields": sorted(entry.fields), "item_key": list(entry.key_fields),
+                       "source_fetched_at": entry.source_fetched_at}
                 if results[i] != UNCHANGED or k in missing:
                     doc["changed_at"] = entry.extracted_at
                 # A field the item had and has no more (renamed, dropped by a new extractor)
@@ -350,12 +412,14 @@ class ItemStore:
                     results[j] = errors.get(self._k(entries[j].key), results[j])
         return results
 
-    def preview_items(self, entries: list[ItemEntry], written: dict[tuple[str, str], str]
+    def preview_items(self, entries: list[ItemEntry],
+                      written: dict[tuple[str, str], tuple[str, dt.datetime]],
+                      run: RunOrder | None = None
                       ) -> list[tuple[str, dict[str, Any] | None]]:
         """What :meth:`write_items` would do, writing nothing (``scrapy reparse --dry-run``):
         per entry its outcome and the stored document it would replace. ``written`` stands
-        for the earlier previews' writes, ``(collection, key) -> item_hash``, and gets this
-        batch's created and changed items (unchanged ones are as stored: not kept)."""
+        for the earlier previews' writes, ``(collection, key) -> (item_hash, page fetched
+        at)``, and gets this batch's (a write stamps unchanged items too)."""
         results: list[tuple[str, dict[str, Any] | None]] = []
         by_coll: dict[str, list[ItemEntry]] = {}
         for entry in entries:
@@ -366,13 +430,20 @@ class ItemStore:
                 found[(name, self._k(doc["_id"]))] = doc
         ats = [(entry.collection, self._k(entry.key)) for entry in entries]
         known = {at: doc.get("item_hash") for at, doc in found.items()}
-        known.update((at, written[at]) for at in ats if at in written)
+        known.update((at, written[at][0]) for at in ats if at in written)
+        if run is not None:
+            run.look_ahead([d for at, d in found.items() if at not in written], entries)
         for entry, at in zip(entries, ats, strict=True):
+            later = written.get(at)  # this run's, as the write would have left it
+            if (later[1] > entry.source_fetched_at if later
+                    else _superseded(found.get(at), entry, run)):
+                held = later[0] if later else found[at].get("item_hash")
+                results.append((UNCHANGED if held == entry.digest else SUPERSEDED,
+                                found.get(at)))
+                continue
             digest = entry.digest
-            outcome = _outcome(known, at, digest)
-            if outcome != UNCHANGED:
-                written[at] = digest
-            results.append((outcome, found.get(at)))
+            results.append((_outcome(known, at, digest), found.get(at)))
+            written[at] = (digest, entry.source_fetched_at)  # as the write leaves it
         return results
 
     def _lost_races(self, coll: Any, lost: list[str], docs: dict[str, Any],

@@ -1,8 +1,8 @@
 """Item keys that two pages give different values: found while re-parsing, and said.
 
 An item is upserted on its key (``key_fields``). When the key does not tell two records
-apart (two shops' SKUs that meet, a product id shared by its variants), each page's item
-replaces the other's: the document holds whichever page was read last, with no word.
+apart (two shops' SKUs that meet, a product id shared by its variants), one page's item
+replaces the other's: the document holds the page fetched last, with no word.
 A re-parse reads every page once, so it sees it: the same key from two pages with other
 values. Before, two re-parses in a row of two shops' catalogues said "418 changed" and
 "558 changed" for 279 documents, with the extractor unchanged, and left them a mix of the
@@ -50,8 +50,10 @@ class KeyClashes:
         self._said.add(entry.collection)
         fields = ", ".join(entry.key_fields)
         return (f"{entry.collection!r} item {entry.key!r} came from two pages with other "
-                f"values ({other_url}, {entry.source_url}): its key ({fields}) does not tell "
-                "them apart, so the document holds the page read last, and each re-parse or "
-                "crawl may change it back. Add the field that does to key_fields (for a "
-                "spider of several sites, the host: key_fields = ('shop', 'sku')) (said once "
-                "per collection)")
+                f"values ({other_url}, {entry.source_url}). The document keeps the item of "
+                "the page fetched last. If the two pages are one record and one of them an "
+                "older copy (not refetched since the site changed), refetch it: scrapy seed "
+                f"SPIDER --force URL. If they are two records, their key ({fields}) does not "
+                "tell them apart: add the field that does to key_fields (for a spider of "
+                "several sites, the host: key_fields = ('shop', 'sku')) (said once per "
+                "collection)")

@@ -59,6 +59,7 @@ from webfarm.itemstore import (
     ItemEntry,
     ItemError,
     ItemStore,
+    RunOrder,
     fold_keyless,
     keyless_advice,
     make_entry,
@@ -126,7 +127,11 @@ def describe_change(entry: ItemEntry, stored: dict[str, Any] | None, width: int 
     fields = sorted(set(entry.fields) | (set(old.get("item_fields") or ()) - STORED_FIELDS))
     diffs = [f"{name}: {cut(old.get(name))} -> {cut(entry.fields.get(name))}"
              for name in fields if old.get(name) != entry.fields.get(name)]
-    same = "(the same fields; stored without item_hash)"
+    # No field differs from the stored document: the change is against another page of
+    # this run that gave the key other values (or a document stored without item_hash).
+    same = ("(the same fields as stored; another page of this run gave this key other "
+            "values before)" if old.get("item_hash") else "(the same fields; stored without "
+            "item_hash)")
     return f"{entry.collection} {cut(entry.key)}: " + ("; ".join(diffs) or same)
 
 
@@ -183,7 +188,7 @@ class Reparser:
         # field, and what the run would have written is kept to count as a run would
         self.dry_run = dry_run
         self.show_changes = show_changes
-        self._written: dict[tuple[str, str], str] = {}
+        self._written: dict[tuple[str, str], tuple[str, dt.datetime]] = {}
         self._shown = 0
         self.stats = ReparseStats()
         callback = getattr(spider, "extract", None) or spider.parse
@@ -198,6 +203,12 @@ class Reparser:
             shard: tuple[int, int] | None = None) -> ReparseStats:
         """Re-parse the matching pages; the stats so far are ``self.stats`` if it raises."""
         stats = self.stats = ReparseStats()
+        # Of the items this run writes, one a page fetched later gave is kept (a product's
+        # stale second URL read after the newer one); those stored before it are replaced.
+        query = page_query(self.spider.name, since, url_pattern, shard)
+        self._order = RunOrder(dt.datetime.now(dt.timezone.utc),
+                               functools.partial(self._read_too, query))
+        self._written.clear()
         self._index = Outage("reading pages from MongoDB", self.retry_seconds, stats)
         self._blobs = Outage(f"reading blobs from {self.blobs.uri}", self.retry_seconds, stats)
         self._items = Outage("writing items to MongoDB", self.retry_seconds, stats)
@@ -218,7 +229,7 @@ class Reparser:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="reparse-items")
         self._writing: Future[list[str]] | None = None
         try:
-            pages = self._reader.pages(page_query(self.spider.name, since, url_pattern, shard))
+            pages = self._reader.pages(query)
             for doc, read in self._reader.read_ahead(pages, pool):
                 stats.pages += 1
                 extracted = self._page(doc, read, stats)
@@ -267,7 +278,8 @@ class Reparser:
                     continue
                 try:
                     entries.append(make_entry(item, self.spider, doc["url"],
-                                              doc.get("content_hash"), now))
+                                              doc.get("content_hash"), now,
+                                              doc.get("fetched_at")))
                 except ItemError as exc:  # that item alone, as in a crawl
                     stats.errors += 1
                     logger.error("reparse: %s", exc)
@@ -390,6 +402,12 @@ class Reparser:
             elif outcome == UNCHANGED:
                 stats.unchanged += 1
 
+    def _read_too(self, query: dict[str, Any], urls: set[str]) -> set[str]:
+        """Which of ``urls`` (the pages stored items came from) this run reads too."""
+        ids = [url_fingerprint(u) for u in urls]
+        return {d["url"] for d in self.index.pages.find(
+            {"$and": [query, {"_id": {"$in": ids}}]}, {"url": 1})}
+
     def _refetched(self, entries: list[ItemEntry]) -> set[int]:
         """The entries whose page a crawl stored again since it was read here: the crawl
         wrote their items from the newer page, and these would put older values back (a
@@ -407,9 +425,11 @@ class Reparser:
             fresh = [e for i, e in enumerate(entries) if i not in stale]
             attempts = itertools.count()
             written = iter(self._items.call(
-                lambda: self.items.write_items(fresh, retried=next(attempts) > 0)))
+                lambda: self.items.write_items(fresh, retried=next(attempts) > 0,
+                                               run=self._order)))
             return [SUPERSEDED if i in stale else next(written) for i in range(len(entries))]
-        previews = self._items.call(lambda: self.items.preview_items(entries, self._written))
+        previews = self._items.call(
+            lambda: self.items.preview_items(entries, self._written, self._order))
         for entry, (outcome, stored) in zip(entries, previews, strict=True):
             if outcome == CHANGED and self._shown < self.show_changes:
                 self._shown += 1
