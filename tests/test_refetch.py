@@ -231,6 +231,8 @@ def test_continuous_recrawl_in_a_worker(web, site, env, mongo_uri, mongo_db_name
     assert "Traceback" not in text, text[-3000:]
     assert "Recrawl: " in text and "'webfarm/recrawl/rounds'" in text
     assert site.not_modified.count("/fresh/static") >= 2
+    # It stays, and says nothing of closing (it said so every second and stayed).
+    assert "closing this worker" not in text
 
 
 def test_a_refetch_that_finds_a_page_gone_marks_it_and_keeps_its_last_content(

@@ -32,6 +32,12 @@ class Wakeup:
         settings = crawler.settings
         self.crawler = crawler
         self.idle_timeout = settings.getfloat("WEBFARM_IDLE_TIMEOUT", 10.0)
+        extensions = settings.getwithbase("EXTENSIONS")
+        if (settings.getfloat("WEBFARM_RECRAWL_INTERVAL", 0.0) > 0
+                and extensions.get("webfarm.recrawl.RecrawlExtension") is not None):
+            # A recrawling worker never idles out (webfarm.recrawl keeps it): it said
+            # "Frontier empty ... closing this worker" every second and stayed.
+            self.idle_timeout = 0.0
         self.next_poll = 0.0  # no exchange before this (monotonic), unless links wait
         self._call: Any = None
         self._empty_since: float | None = None
