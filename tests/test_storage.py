@@ -153,6 +153,32 @@ def test_near_duplicates_are_recorded_not_merged(store):
     off.close()
 
 
+def test_near_duplicates_are_found_when_the_lookup_is_split(store, monkeypatch):
+    """A batch's band keys are looked up a few at a time (one $in of 800 took the embedded
+    server seconds on a grown index); a key in any part finds its content, once."""
+    from webfarm import neardup
+
+    monkeypatch.setattr(neardup, "QUERY_KEYS", 3)  # 4 pages, 16 keys: six queries
+    rng = random.Random(11)
+
+    def words(seed: int) -> str:
+        r = random.Random(seed)
+        return " ".join(f"{r.choice(['pine', 'brook', 'slate', 'wren'])}{r.randint(0, 50)}"
+                        for _ in range(1000))
+
+    def fetched(path: str, body: bytes) -> dict:
+        digest, sim = fingerprint(body, "text/html", with_simhash=True)
+        return page(path, digest, simhash=sim, body=body)
+
+    originals = [fetched(f"/o{i}", _html(words(i))) for i in range(3)]
+    store.record_pages(originals)
+    mirrors = [fetched(f"/m{i}", _html(words(i), f"<div>Sale {rng.randint(1, 9)}0% off</div>"))
+               for i in range(3)]
+    records = store.record_pages([fetched("/new", _html(words(99))), *mirrors])
+    assert [r.near_duplicate_of for r in records] == [
+        None, *(url_fingerprint(o["url"]) for o in originals)]
+
+
 def test_an_original_fetched_again_is_not_near_its_mirror(store):
     """The README probe: a second crawl found the original page near its mirror (stored
     after it), and the two named each other; so would two new contents of one batch."""
