@@ -237,6 +237,7 @@ EXTENSIONS_BASE = {
     "scrapy.extensions.throttle.AutoThrottle": None,
     "webfarm.throttle.WorkerAutoThrottle": 0,
     "webfarm.recrawl.RecrawlExtension": 520,  # continuous recrawl (WEBFARM_RECRAWL_INTERVAL)
+    "webfarm.stopping.StopProgress": 530,  # a stopping worker says what it still stores
     "webfarm.monitor.extension.MonitorExtension": 510,
     "webfarm.gctune.GcTuning": 530,  # fewer, cheaper garbage collections (WEBFARM_GC_*)
     # memusage/max read once more at the end: a crawl under a minute said its start-up size

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from urllib.parse import urlsplit
@@ -223,6 +224,27 @@ def test_a_forced_stop_gives_leases_back_and_exits_1(shop, stores, tmp_path):
               for key in frontier.server.scan_iter(match=frontier.key("q:*"))
               for member in frontier.server.zrange(key, 0, -1)}
     assert queued and not queued & set(stored(stores)), queued & set(stored(stores))
+
+
+def test_a_stopping_worker_says_what_it_still_stores_and_stores_it(shop, stores, tmp_path):
+    """A Ctrl-C lets the pages already fetched be parsed and stored; with a slow store a
+    probe's worker took 107 s over it with no word in the log."""
+    base = shop.base_urls[0]
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0")
+    log = tmp_path / "a.log"
+    worker = runner.popen(["crawl", "generic", "-a", f"start={base}/", "-s",
+                           'ITEM_PIPELINES={"tests.holding.SlowItems": 50}', "-s",
+                           "TEST_ITEM_SECONDS=3"], env, log)
+    wait_until(lambda: len(page_hits(shop, base)) >= 4, 60, "four pages fetched")
+    worker.send_signal(signal.SIGINT)
+    assert worker.wait(60) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    said = re.search(r"Stopping: (\d+) fetched page\(s\) still to parse and store before "
+                     r"this worker exits \(\d+ done since the stop\)\. Ctrl-C again", text)
+    assert said and int(said.group(1)) >= 1, text[-3000:]
+    # nothing fetched was thrown away: every page asked for before the exit is stored
+    fetched = {canonical_url(f"http://{h.netloc}{h.path}") for h in page_hits(shop, base)}
+    assert fetched and fetched <= {canonical_url(u) for u in stored(stores)}
 
 
 def test_retries_back_off_then_dead_letter(shop, stores, tmp_path):

@@ -90,7 +90,8 @@ def forced_stop(crawlers: Any) -> int:
         if give_back is not None:
             given += give_back()
     said = (f"webfarm: the crawl was forced to stop before it finished; {given} leases went "
-            "back to the frontier for the next worker")
+            "back to the frontier for the next worker (fetched again: those whose pages "
+            "were stored but not yet acknowledged are stored again, not duplicated)")
     print(said, file=sys.stderr)
     if any(getattr(c, "settings", {}).get("LOG_FILE") for c in crawlers):
         logging.getLogger(__name__).error(said)  # scrapyd's job log (LOG_FILE) too
