@@ -175,6 +175,14 @@ def test_bad_blob_compression_fails_before_any_request(good, web):
     # went on without /metrics, exit code 0.
     ("WEBFARM_PROMETHEUS_PORT=99999", "WEBFARM_PROMETHEUS_PORT='99999' is out of range: give "
                                       "a number 0 to 65535"),
+    # Before: every page dead-lettered "body over DOWNLOAD_MAXSIZE (-1 B)", exit 0.
+    ("DOWNLOAD_MAXSIZE=-1", "DOWNLOAD_MAXSIZE='-1' is out of range: give a number 0 or more "
+                            "(bytes; 0: no limit)"),
+    # Before: a ValueError traceback with proxies, taken in silence without.
+    ("WEBFARM_PROXY_BAN_STATUSES=403,abc", "WEBFARM_PROXY_BAN_STATUSES='403,abc': 'abc' is "
+                                           "not an HTTP status; give statuses from 100 to 599"),
+    ("RETRY_HTTP_CODES=500,5000", "RETRY_HTTP_CODES='500,5000': '5000' is not an HTTP "
+                                  "status"),
 ])
 def test_a_setting_of_the_wrong_type_fails_before_any_request(good, web, setting, message):
     """Before: a traceback once the component read it ("Task exception was never
@@ -365,7 +373,14 @@ def test_settings_of_the_right_type_pass_the_check():
             check_types(settings)
     settings.set("DOWNLOAD_SLOTS", {}, priority="cmdline")
     settings.set("DOWNLOAD_DELAY", [1], priority="spider")  # custom_settings: any object
-    with pytest.raises(ValueError, match=r"DOWNLOAD_DELAY=\[1\] is not a number"):
+    with pytest.raises(ValueError, match=r"DOWNLOAD_DELAY=\[1\] is not a number") as said:
+        check_types(settings)
+    # It names where the value came from: it said "-s, scrapyd's or custom_settings" of all
+    assert str(said.value).endswith("fix the spider's custom_settings (or update_settings) "
+                                    "that set it")
+    settings.set("DOWNLOAD_DELAY", 0, priority="spider")
+    settings.set("WEBFARM_HOST_DELAY", "abc", priority="project")  # settings/base.py's
+    with pytest.raises(ValueError, match=r"fix the project's settings module \(settings\)"):
         check_types(settings)
 
 

@@ -55,6 +55,9 @@ BOUNDS: dict[str, tuple[str, Callable[[float], bool]]] = {
     "AUTOTHROTTLE_MAX_DELAY": ("0 or more (seconds)", lambda v: v >= 0),
     "DOWNLOAD_TIMEOUT": ("above 0 (seconds)", lambda v: v > 0),
     "SCRAPER_SLOT_MAX_ACTIVE_SIZE": ("1 or more (bytes)", lambda v: v >= 1),
+    # below 0 dead-lettered every page as "body over DOWNLOAD_MAXSIZE (-1 B)", exit 0
+    "DOWNLOAD_MAXSIZE": ("0 or more (bytes; 0: no limit)", lambda v: v >= 0),
+    "DOWNLOAD_WARNSIZE": ("0 or more (bytes; 0: no warning)", lambda v: v >= 0),
     # 0 or below: no request ever left, and SIGTERM's graceful stop waited for ever.
     "CONCURRENT_REQUESTS_PER_DOMAIN": ("1 or more", lambda v: v >= 1),
     # Each of these below was taken in silence and read as something else: 0 attempts as
@@ -85,6 +88,31 @@ BOUNDS: dict[str, tuple[str, Callable[[float], bool]]] = {
 }
 
 
+#: Lists of HTTP statuses, read with ``int()`` as a component starts: ``abc`` in one ended
+#: the crawl in a ``ValueError`` traceback (and, without proxies, was taken in silence).
+STATUS_LISTS = ("WEBFARM_PROXY_BAN_STATUSES", "RETRY_HTTP_CODES", "HTTPERROR_ALLOWED_CODES")
+
+
+def check_status_lists(settings: BaseSettings) -> None:
+    """ValueError naming a status list with an entry that is no HTTP status (100-599)."""
+    for name in STATUS_LISTS:
+        if name not in settings:
+            continue
+        try:
+            entries = settings.getlist(name)
+        except (TypeError, ValueError):
+            entries = [settings[name]]
+        for entry in entries:
+            try:
+                ok = 100 <= int(str(entry).strip()) <= 599
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"{name}={settings[name]!r}: {entry!r} is not an HTTP status; "
+                                 "give statuses from 100 to 599, e.g. 403,429, "
+                                 f"in {_where_set(settings, name)}")
+
+
 def check_types(settings: BaseSettings) -> None:
     """ValueError naming the first setting whose value does not read as its default's
     type: a boolean, a whole number (webfarm's own counts, read with ``getint``) or a
@@ -111,13 +139,19 @@ def check_types(settings: BaseSettings) -> None:
             raise ValueError(f"{name}={settings[name]!r} is out of range: give a number "
                              f"{wanted}, in {_where_set(settings, name)}")
     check_slots(settings)
+    check_status_lists(settings)
 
 
 def _where_set(settings: BaseSettings, name: str) -> str:
     """Where a setting's value came from, for the message that says to fix it."""
     variable = settings.getdict("WEBFARM_FROM_ENVIRONMENT").get(name)
-    if variable and settings.getpriority(name) == SETTINGS_PRIORITIES["project"]:
+    priority = settings.getpriority(name)
+    if variable and priority == SETTINGS_PRIORITIES["project"]:
         return f"the environment variable {variable} that set it"
+    if priority == SETTINGS_PRIORITIES["project"]:
+        return f"the project's settings module ({os.environ.get(ENVVAR) or 'settings'})"
+    if priority == SETTINGS_PRIORITIES["spider"]:
+        return "the spider's custom_settings (or update_settings) that set it"
     return (f"the -s {name}=..., scrapyd's setting={name}=... or the spider's "
             "custom_settings that set it")
 
