@@ -176,7 +176,10 @@ class Outage:
             return None
         if self.started is None:
             return self.retry_seconds
-        return max(self.retry_seconds - (now - self.started), 0.01)
+        # The last attempt gets a second at least: cut at 0.01 s it "hung", and that was
+        # what the dead letter and the WARNING said instead of the store's own error
+        # (NoSuchBucket, refused).
+        return max(self.retry_seconds - (now - self.started), min(1.0, self.retry_seconds))
 
     def failed(self, exc: BaseException, since: float | None = None) -> float:
         """Seconds to wait before the next attempt; past the limit, StorageUnavailable.

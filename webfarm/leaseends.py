@@ -27,7 +27,7 @@ from scrapy.settings import BaseSettings
 from twisted.internet.defer import succeed
 from twisted.python.failure import Failure
 
-from webfarm.batching import quiet_storage_errors
+from webfarm.batching import StorageUnavailable, quiet_storage_errors
 from webfarm.exceptions import DeadLetter, GiveBack, ItemError, RetryLater, error_text
 from webfarm.frontier import Frontier, backoff
 from webfarm.outcomes import OutputHandler, given_up, retry_reason
@@ -50,6 +50,9 @@ class LeaseEnds:
         self.retry_times = allowed_attempts(settings)
         self.backoff_base = settings.getfloat("WEBFARM_RETRY_BACKOFF_BASE", 2.0)
         self.backoff_max = settings.getfloat("WEBFARM_RETRY_BACKOFF_MAX", 600.0)
+        #: a request whose store stayed down waits up to this long in the frontier
+        self.storage_wait = max(1.0, min(self.backoff_max, settings.getfloat(
+            "WEBFARM_STORAGE_RETRY_SECONDS", 300.0)))
         self.inflight = inflight
         self._inc = inc
         self._given_back = given_back  # the frontier holds a request again: ask it soon
@@ -114,6 +117,15 @@ class LeaseEnds:
                         retry_reason(exc))
         elif failed is not None and failed[0] == "spider":
             self._dead(lease, request, failed[1], None, None)
+        elif failed is not None and failed[0] == "storage":
+            # A store down past WEBFARM_STORAGE_RETRY_SECONDS: the page is fine, so no
+            # attempt is spent (an S3 outage of 25 minutes dead-lettered every page the
+            # worker fetched meanwhile, their retries spent on the store's failures).
+            self._inc("webfarm/frontier/storage_retried")
+            assert self.frontier is not None
+            self.link.op("retry", self.frontier._retry_args(
+                lease, backoff(0, self.storage_wait, self.storage_wait), failed[1],
+                spend=False))
         elif failed is not None:
             self._retry(lease, request, failed[1], None, None, None)
         else:
@@ -126,7 +138,9 @@ class LeaseEnds:
             return
         if isinstance(failure.value, ItemError):  # a refetch gives the same item: dead-letter
             self._failed[lease] = ("spider", f"item not stored: {failure.value}")
-        else:  # a store that kept failing: fetch and store the page again later
+        elif isinstance(failure.value, StorageUnavailable):  # the store, not the page
+            self._failed.setdefault(lease, ("storage", f"not stored: {failure.value}"))
+        else:  # a pipeline that failed: fetch and store the page again later
             self._failed.setdefault(lease, ("item", f"item pipeline failed: {failure.value!r}"))
 
     def spider_error(self, failure: Failure, response: Any, spider: Spider) -> None:
