@@ -152,6 +152,35 @@ def test_s3_store(s3_server, s3_bucket):
     assert gzip.decompress(obj["Body"].read()) == BODY == gz.get(blob_key(HASH))
 
 
+def test_s3_checks_at_start_say_what_is_wrong_and_give_up_soon(s3_server, monkeypatch):
+    """A stopped endpoint held the start for 3 minutes without a word (30 s reads, five
+    attempts); a server that is no S3 endpoint read as "the bucket does not exist"."""
+    import socket
+    import time
+
+    from webfarm import s3store
+
+    monkeypatch.setattr(s3store, "CHECK_SECONDS", 1)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # takes connections, never answers
+    try:
+        store = open_blob_store("s3://pages/raw",
+                                endpoint_url=f"http://127.0.0.1:{silent.getsockname()[1]}")
+        began = time.monotonic()
+        with pytest.raises(BlobStoreError, match=r"S3 at http://127\.0\.0\.1:\d+ did not "
+                           r"answer within 1 s, twice \(a stopped or overloaded server\?\); "
+                           r"check AWS_ENDPOINT_URL"):
+            store.check()
+        assert time.monotonic() - began < 10
+    finally:
+        silent.close()
+    missing = open_blob_store("s3://no-such-bucket/x", endpoint_url=s3_server.url)
+    with pytest.raises(BlobStoreError, match=r"does not exist at .* \(or that is no S3 "
+                       r"endpoint\); create the bucket or fix BLOB_STORE_URI"):
+        missing.check()
+
+
 def test_s3_metadata_fits_s3s_limit_whatever_the_page_sent(s3_server, s3_bucket):
     """S3 refuses a PUT whose metadata passes 2 KB, with a 400 every retry gets again
     (moto does not check it: the test measures what S3 would count)."""

@@ -52,6 +52,15 @@ def _quote(value: str) -> str:
     return quote(value, safe="/:?=&%+;,@")
 
 
+CHECK_SECONDS = 10  # the start's bucket check waits this long for an answer
+
+
+def boto3_client(endpoint_url: str | None, config: Any) -> Any:
+    import boto3
+
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+
+
 class S3BlobStore(PutMany):
     """Blobs in an S3 bucket (AWS or any S3-compatible endpoint).
 
@@ -64,7 +73,6 @@ class S3BlobStore(PutMany):
         max_connections: int = 16, uri: str | None = None, max_attempts: int = 5,
         compression: Compression | None = None,
     ) -> None:
-        import boto3
         from botocore.config import Config
 
         self.bucket = bucket
@@ -81,30 +89,51 @@ class S3BlobStore(PutMany):
             connect_timeout=5,
             read_timeout=30,
         )
-        self.client = boto3.session.Session().client(
-            "s3", endpoint_url=endpoint_url, config=config
-        )
+        self.client = boto3_client(endpoint_url, config)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (S3BlobStore, self._recipe)
 
     def check(self) -> None:
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.config import Config
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            ConnectTimeoutError,
+            ReadTimeoutError,
+        )
 
         where = f" at {self.endpoint_url}" if self.endpoint_url else ""
+        # Its own client, quick to give up: with the crawl's (30 s reads, 5 attempts) a
+        # stopped endpoint held the start for 3 minutes without a word.
+        client = boto3_client(self.endpoint_url, Config(
+            retries={"mode": "standard", "max_attempts": 2}, connect_timeout=5,
+            read_timeout=CHECK_SECONDS))
         try:
-            self.client.head_bucket(Bucket=self.bucket)
+            client.head_bucket(Bucket=self.bucket)
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code in ("404", "NoSuchBucket"):
                 raise BlobStoreError(
-                    f"bucket {self.bucket!r} does not exist{where}; create it or fix the URI"
+                    f"bucket {self.bucket!r} does not exist{where} (or that is no S3 "
+                    "endpoint); create the bucket or fix BLOB_STORE_URI / AWS_ENDPOINT_URL"
                 ) from None
+            if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                raise BlobStoreError(
+                    f"bucket {self.bucket!r}{where}: access denied ({code}); check the "
+                    "credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE) and "
+                    "that they may read and write the bucket") from None
             raise BlobStoreError(f"bucket {self.bucket!r}{where}: {code or exc}") from None
+        except (ConnectTimeoutError, ReadTimeoutError):
+            raise BlobStoreError(
+                f"S3{where} did not answer within {CHECK_SECONDS} s, twice (a stopped or "
+                "overloaded server?); check AWS_ENDPOINT_URL") from None
         except BotoCoreError as exc:
             raise BlobStoreError(
                 f"cannot reach S3{where} ({exc}); check AWS_ENDPOINT_URL and credentials"
             ) from None
+        finally:
+            client.close()
 
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
