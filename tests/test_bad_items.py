@@ -95,6 +95,11 @@ def test_a_crawl_dead_letters_pages_whose_items_are_refused_and_stores_the_rest(
         assert "item not stored: MongoDB refused products item" in letter["reason"]
         assert "Document failed validation (code 121)" in letter["reason"]
     assert crawlcheck.stat(crawl.output, "webfarm/items/refused") == skus
+    # One line each, without the item or a traceback (a 17 MB item made a 17 MB line)
+    assert "Error processing" not in crawl.output and "Traceback" not in crawl.output
+    said = [line for line in crawl.output.splitlines() if "Item not stored: " in line]
+    assert len(said) == skus and all("ERROR" in line and "MongoDB refused products item"
+                                     in line for line in said), said[:3]
     # The pages themselves and their other items are stored.
     pages = len(web.expected_pages(base))
     assert mongo_db.pages.count_documents({}) == pages

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import decimal
 import hashlib
 import random
 import subprocess
@@ -403,8 +404,14 @@ def test_items_go_to_one_collection_per_type_keyed_as_declared(mongo_db):
     assert "shop_1_sku_1" in mongo_db.offer.index_information()
     with pytest.raises(ItemError, match="no value for its key"):
         make_entry(Offer(shop="a", price="1"), SiteSpider, "http://s/3", None, now)
-    with pytest.raises(ItemError, match="cannot be stored"):
+    with pytest.raises(ItemError, match=r"cannot be stored.*store a set as a sorted list"):
         make_entry({"id": 1, "x": {1, 2}}, SiteSpider, "http://s/4", None, now)
+    # A Decimal is a number: "use str, numbers, ..." sent users in circles
+    with pytest.raises(ItemError, match=r"<class 'decimal.Decimal'>; store a Decimal as "
+                       r"str\(value\) \(exact\), float\(value\)"):
+        make_entry({"id": 2, "x": decimal.Decimal("9.99")}, SiteSpider, "http://s/5", None, now)
+    with pytest.raises(ItemError, match=r"store a date as its ISO text"):
+        make_entry({"id": 3, "x": dt.date(2026, 12, 7)}, SiteSpider, "http://s/6", None, now)
 
 
 def _ms(at: dt.datetime) -> dt.datetime:

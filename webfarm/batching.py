@@ -38,6 +38,8 @@ from scrapy.crawler import Crawler
 from scrapy.settings import BaseSettings
 from scrapy.statscollectors import StatsCollector
 
+from webfarm.exceptions import ItemError
+
 logger = logging.getLogger(__name__)
 
 E = TypeVar("E")
@@ -72,7 +74,8 @@ class StoreHung(TimeoutError):
 
 
 class StorageErrorLines(logging.Filter):
-    """Scrapy's "Error processing {item}" for an item whose store stayed down past
+    """Scrapy's "Error processing {item}" for an item refused for good, made one line
+    without the item or a traceback; and for an item whose store stayed down past
     ``WEBFARM_STORAGE_RETRY_SECONDS``, made one WARNING line a minute without a traceback
     (the others DEBUG): the outage is said by the store's own lines, and the request goes
     back to the frontier. A probe's 20 s MongoDB outage wrote 156 ERRORs and 624
@@ -87,6 +90,12 @@ class StorageErrorLines(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, ItemError):
+            # An item refused for good (no key, 17 MB, a Decimal): its message says what
+            # to fix. Scrapy's line held the whole item (a 17 MB log line) and a traceback.
+            record.exc_info, record.exc_text = None, None
+            record.msg, record.args = "Item not stored: %s", (error,)
+            return True
         if not isinstance(error, StorageUnavailable):
             return True
         record.exc_info, record.exc_text = None, None

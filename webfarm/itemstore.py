@@ -147,8 +147,10 @@ def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None
     try:
         size = len(bson.encode({"_id": key, **fields}))
     except (bson.errors.InvalidDocument, OverflowError) as exc:
+        hint = next((h for name, h in _STORE_AS.items() if f"<class '{name}'>" in str(exc)),
+                    "use str, int, float, bool, None, lists, dicts or datetimes")
         raise ItemError(f"{type(item).__name__} from {source_url} cannot be stored: {exc}; "
-                        "use str, numbers, bool, lists, dicts or datetimes") from None
+                        f"{hint}") from None
     except UnicodeEncodeError as exc:  # a lone surrogate: json.loads of "\ud83d" (half an emoji)
         raise ItemError(f"{type(item).__name__} from {source_url} has text that is not valid "
                         f"Unicode ({exc.object[exc.start:exc.end]!r}, half of a surrogate "
@@ -167,6 +169,17 @@ def make_entry(item: Any, spider: Any, source_url: str, content_hash: str | None
     return ItemEntry(collection, key, key_fields, fields, source_url, content_hash,
                      extracted_at, None if version is None else str(version),
                      as_utc(fetched_at) if isinstance(fetched_at, dt.datetime) else None)
+
+
+#: What to store instead of a type BSON has no encoding for (said where it is met).
+_STORE_AS = {
+    "decimal.Decimal": "store a Decimal as str(value) (exact), float(value), whole cents as "
+                       "an int, or bson.Decimal128(value)",
+    "datetime.date": "store a date as its ISO text (value.isoformat()) or as a datetime "
+                     "(datetime.combine(value, time()))",
+    "set": "store a set as a sorted list (sorted(value))",
+    "frozenset": "store a set as a sorted list (sorted(value))",
+}
 
 
 def fold_keyless(entries: list[ItemEntry]) -> tuple[list[ItemEntry], dict[str, int]]:
