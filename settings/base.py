@@ -221,6 +221,8 @@ AUTOTHROTTLE_ENABLED = False
 WEBFARM_AUTOTHROTTLE = True
 AUTOTHROTTLE_TARGET_CONCURRENCY = 1.0
 AUTOTHROTTLE_MAX_DELAY = 60.0
+# Scrapy's, with CONCURRENT_REQUESTS_PER_DOMAIN kept at a slot without delay (webfarm/downloader.py)
+DOWNLOADER = "webfarm.downloader.Downloader"
 EXTENSIONS_BASE = {
     **_scrapy.EXTENSIONS_BASE,
     # -o / FEEDS export the spider's items, not its PageItems (webfarm/feeds.py)

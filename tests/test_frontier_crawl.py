@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import threading
 import time
 from urllib.parse import urlsplit
 
@@ -245,6 +246,32 @@ def test_a_stopping_worker_says_what_it_still_stores_and_stores_it(shop, stores,
     # nothing fetched was thrown away: every page asked for before the exit is stored
     fetched = {canonical_url(f"http://{h.netloc}{h.path}") for h in page_hits(shop, base)}
     assert fetched and fetched <= {canonical_url(u) for u in stored(stores)}
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_concurrent_requests_per_domain_holds_with_no_delay(shop, stores, limit):
+    """Scrapy 2.19 counts a request in its slot only once its task runs, so a slot with no
+    delay sent every queued request at once: 11 in flight with the setting at 1."""
+    base = shop.base_urls[0]
+    lock, now, most = threading.Lock(), [0], [0]
+
+    def slow(info):
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.4)
+        with lock:
+            now[0] -= 1
+        return None
+
+    shop.route("/", slow, prefix=True)
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0", WEBFARM_AUTOTHROTTLE="False")
+    done = runner.scrapy(["crawl", "generic", "-a", f"start={base}/", "-s",
+                          f"CONCURRENT_REQUESTS_PER_DOMAIN={limit}", "-s",
+                          "CLOSESPIDER_PAGECOUNT=12"], env, timeout=180)
+    assert done.returncode == 0, done.output[-3000:]
+    assert len(page_hits(shop, base)) >= 8
+    assert most[0] == limit, most[0]  # reached, never passed
 
 
 def test_retries_back_off_then_dead_letter(shop, stores, tmp_path):
