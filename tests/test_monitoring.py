@@ -364,6 +364,19 @@ def test_one_evaluator_at_a_time_cooldown_and_recovery_are_shared(redis_url, rec
     assert [p["status"] for p in receiver.posts] == ["firing", "resolved"]  # neither repeated
 
 
+def test_with_alerts_off_the_lock_holder_says_it_samples_only(redis_url, receiver, caplog):
+    """With WEBFARM_ALERTS=False it said "this worker evaluates the alert rules"."""
+    store, frontier = _store_and_frontier(redis_url)
+    frontier.server.delete(frontier.key("monitor:lock"))
+    off = _evaluator(store, frontier, "worker-off", receiver, enabled=False)
+    with caplog.at_level("INFO", logger="webfarm.monitor.alerts"):
+        assert off.tick() == []
+    off.release()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Monitoring:")]
+    assert said == ["Monitoring: this worker samples the frontier (WEBFARM_ALERTS is off: no "
+                    "alert rules)"]
+
+
 def test_an_alert_the_webhook_did_not_take_is_posted_again_and_a_reset_resolves_it(
         redis_url, receiver):
     """A failed POST was taken as sent: nothing again until the cooldown (30 min), and

@@ -139,7 +139,9 @@ class Evaluator:
         held = bool(self._lock(keys=[self.lock_key], args=[self.worker, self.lock_ms]))
         if held and self.holding_since is None:
             self.holding_since = self.store.now()
-            logger.info("Monitoring: this worker evaluates the alert rules")
+            logger.info("Monitoring: this worker samples the frontier%s",
+                        " and evaluates the alert rules" if self.rules.enabled
+                        else " (WEBFARM_ALERTS is off: no alert rules)")
         elif not held:
             self.holding_since = None
         return held
