@@ -184,7 +184,14 @@ class RobotsMiddleware:
         known, waited = await self._known_for(origin)
         if known.kind == "rules":
             if not known.rules.allowed(request.url, self.agent):
-                logger.debug("Forbidden by robots.txt: %s", request)
+                # A start URL refused: the crawl may end with nothing fetched, and only
+                # a stat said why.
+                logger.log(logging.WARNING if request.meta.get("is_start_request")
+                           else logging.DEBUG,
+                           "Forbidden by robots.txt (user agent %r): %s%s", self.agent,
+                           request, " is a start URL: nothing of the site is fetched through "
+                           "it. Check the site's robots.txt, or WEBFARM_ROBOTS_AGENT"
+                           if request.meta.get("is_start_request") else "")
                 self._inc("webfarm/robots/disallowed")
                 raise RobotsDisallowed("Forbidden by robots.txt")
             if waited and (known.spacing or self.base_delay) and LEASE in request.meta:

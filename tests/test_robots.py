@@ -300,6 +300,17 @@ def test_requests_held_for_a_slow_robots_txt_keep_the_host_delay(web, stores):
     assert stat(result.output, "webfarm/frontier/given_back") >= 1  # no attempt spent
 
 
+def test_a_start_url_robots_txt_disallows_is_said(web, stores):
+    """The crawl ended with nothing fetched and only webfarm/robots/disallowed to say why."""
+    base = web.base_urls[1]
+    web.route("/robots.txt", Response.text("User-agent: *\nDisallow: /shut/\n"), host=base)
+    result = run(crawl_args([f"{base}/shut/door"]), env(stores))
+    said = [line for line in result.output.splitlines() if "Forbidden by robots.txt" in line]
+    assert len(said) == 1 and "WARNING" in said[0] and f"{base}/shut/door> is a start URL" in \
+        said[0] and "user agent 'webfarm'" in said[0], said
+    assert [h.path for h in web.hits_for(host=base)] == ["/robots.txt"]
+
+
 @pytest.mark.serial
 def test_links_robots_txt_disallows_spend_no_turn_of_their_host(web, stores):
     """Each disallowed link was queued, handed out, and refused at download: no request,
