@@ -364,7 +364,7 @@ OPS.counts = function()
     queued = 0
     redis.call('HSET', K_STATS, 'queued', 0)
   end
-  return {queued, redis.call('ZCOUNT', K_READY, '-inf', NOW),
+  return {queued, redis.call('ZCOUNT', K_READY, '-inf', string.format('(%.3f', NOW + 0.5)),
           hosts, redis.call('ZCARD', K_DELAYED),
           redis.call('ZCARD', K_LEASES), redis.call('LLEN', K_DEAD), tonumber(s[2]) or 0,
           tonumber(s[3]) or 0, tonumber(s[4]) or 0}
