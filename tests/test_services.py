@@ -270,10 +270,11 @@ def test_default_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     assert default_data_dir() == tmp_path / ".webfarm"
 
 
-def scrapy(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+def scrapy(*args: str, data_dir: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "WEBFARM_DATA_DIR": str(data_dir)}
     for name in ("REDIS_URL", "MONGO_URI", "BLOB_STORE_URI"):
         env.pop(name, None)
+    env.update(extra)
     return subprocess.run(
         [str(PYTHON), "-m", "scrapy", "services", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
@@ -286,6 +287,16 @@ def test_command(services: EmbeddedServices, data_dir: Path) -> None:
     report = json.loads(done.stdout)
     assert report["data_dir"] == str(data_dir.resolve())
     assert not any(info["running"] for info in report["services"].values())
+    assert not any(info["workers_use"] for info in report["services"].values())
+    # A store set by its variable: workers use it, and --json says so as the table does
+    # (its blobs.data named the embedded folder, and nothing else).
+    outside = scrapy("status", "--json", data_dir=data_dir,
+                     BLOB_STORE_URI="s3://user:secret@pages/raw")
+    said = json.loads(outside.stdout)["services"]
+    assert said["blobs"]["workers_use"] == "BLOB_STORE_URI" and "secret" not in outside.stdout
+    assert said["redis"]["workers_use"] is None
+    assert "note: BLOB_STORE_URI is set" in scrapy(
+        "status", data_dir=data_dir, BLOB_STORE_URI="s3://pages/raw").stdout
 
     done = scrapy("up", data_dir=data_dir)
     assert done.returncode == 0, done.stderr

@@ -72,6 +72,10 @@ class Command(ScrapyCommand):
             self.exitcode = 1
             return
         if opts.json:
+            # Which services workers do not use: the setting naming their own (its value
+            # may hold a password, so only its name). The table says it in a note.
+            for name, info in report.items():
+                info["workers_use"] = self._external(name)
             print(json.dumps({"data_dir": str(services.data_dir), "services": report}, indent=2))
         else:
             print(format_table(report))
@@ -85,14 +89,18 @@ class Command(ScrapyCommand):
         configured = self.settings.get("WEBFARM_DATA_DIR") if self.settings else None
         return Path(configured) if configured else default_data_dir()
 
+    def _external(self, name: str) -> str | None:
+        """The setting workers use instead of the embedded service ``name``, if set."""
+        setting = EXTERNAL.get(name)
+        if setting and self.settings is not None and self.settings.get(setting):
+            return setting
+        return None
+
     def _external_notes(self) -> list[str]:
         """Say when workers would not use what this table shows."""
-        if self.settings is None:
-            return []
         return [
             f"note: {setting} is set, so workers use it instead of the embedded {name}"
-            for name, setting in EXTERNAL.items()
-            if self.settings.get(setting)
+            for name in EXTERNAL if (setting := self._external(name))
         ]
 
 
