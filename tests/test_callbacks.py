@@ -9,6 +9,7 @@ pages dropped without a word (nothing for re-parse), and their items stored with
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
 
 import pymongo
@@ -18,7 +19,7 @@ import scrapy
 
 from tests import runner
 from tests.crawlcheck import frontier as frontier_of
-from tests.testweb import TestWeb
+from tests.testweb import Response, TestWeb
 from webfarm.urls import url_fingerprint
 
 SPIDERS = ["-s", "SPIDER_MODULES=spiders,tests.spiders"]
@@ -290,3 +291,27 @@ def test_a_queued_request_whose_callback_does_not_take_its_cb_kwargs_is_refused(
         with pytest.raises(SerializationError, match=rf"callback 'needs_listing' does not "
                                                      rf"take the request's cb_kwargs .*{why}"):
             decode_request(misfit, spider)
+
+
+def test_links_to_files_are_followed_by_a_spider_that_asks_for_them(small_web, stores):
+    """generic does not follow links to a PDF or an image (Scrapy's LinkExtractor ignores
+    their extensions, as the README says); a spider with deny_extensions=[] stores them."""
+    base = small_web.base_urls[0]
+    pdf, png = b"%PDF-1.4 a small document", b"\x89PNG\r\n\x1a\n a small image"
+    small_web.route("/files", Response.html(
+        '<html><body><a href="/doc.pdf">doc</a> <a href="/img.png">img</a></body></html>'))
+    small_web.route("/doc.pdf", Response(200, {"Content-Type": "application/pdf"}, pdf))
+    small_web.route("/img.png", Response(200, {"Content-Type": "image/png"}, png))
+    try:
+        crawl("generic", f"{base}/files", stores)
+        db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+        assert sorted(d["url"] for d in db.pages.find()) == [f"{base}/files"]
+        runner.scrapy(["frontier", "generic", "--reset", "--yes"], runner.env_for(**stores))
+        crawl("test_files", f"{base}/files", stores)
+        stored = {d["url"]: d for d in db.pages.find()}
+        assert set(stored) == {f"{base}/files", f"{base}/doc.pdf", f"{base}/img.png"}
+        assert stored[f"{base}/doc.pdf"]["content_type"] == "application/pdf"
+        assert stored[f"{base}/doc.pdf"]["content_hash"] == hashlib.sha256(pdf).hexdigest()
+        db.client.close()
+    finally:
+        small_web.clear_routes()
