@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pytest
+import scrapy
 from scrapy.http import Response
 from scrapy.utils.test import get_crawler
 
@@ -162,3 +163,19 @@ def test_of_two_pages_of_one_record_the_one_fetched_last_wins_in_any_read_order(
     assert (again.changed, again.unchanged, again.superseded) == (0, 3, 3)
     assert {d["_id"]: d["price"] for d in index.db.offers.find()} == expected
     assert {d["_id"]: d["changed_at"] for d in index.db.offers.find()} == changed_at
+
+
+class FollowingOfferSpider(KeyedOfferSpider):
+    """Yields a link with each item, as a crawl's callback does."""
+
+    def extract(self, response: Response) -> Iterator[Any]:
+        yield scrapy.Request(response.urljoin("/next"))
+        yield from super().extract(response)
+
+
+def test_requests_a_callback_yields_are_counted_as_not_followed(index, blobs):
+    """They were dropped without a word: a re-parse fetches nothing."""
+    store_pages(index, blobs, 4, skus=2)
+    stats = reparse(FollowingOfferSpider, index, blobs)
+    assert (stats.requests, stats.created) == (4, 2)
+    assert "4 requests not followed (no network)" in stats.line()

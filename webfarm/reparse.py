@@ -88,6 +88,7 @@ class ReparseStats:
     folded: int = 0  # keyless items of one page stored as one document (the last one's)
     old_keys: int = 0  # documents stored under a key the spider's items no longer use
     clashes: int = 0  # items whose key another page gave other values in this run
+    requests: int = 0  # requests the callbacks yielded: not followed (no network)
     retries: int = 0
     writing: int = 0  # items extracted and not written yet (a progress line's "+N")
     started: float = field(default_factory=time.monotonic)
@@ -101,6 +102,8 @@ class ReparseStats:
         newer = (f", {self.superseded} left to a newer fetch" if self.superseded else "")
         newer += f", {self.folded} folded (no key)" if self.folded else ""
         newer += f", {self.clashes} keys from two pages" if self.clashes else ""
+        newer += (f", {self.requests} requests not followed (no network)" if self.requests
+                  else "")
         # Items are counted as written, in batches: progress lines said "0 items" until
         # the first batch landed.
         writing = f" (+{self.writing} not written yet)" if self.writing else ""
@@ -271,7 +274,10 @@ class Reparser:
         entries: list[ItemEntry] = []
         try:
             for output in callback(rebuild_response(doc, body)) or ():
-                if isinstance(output, (Request, PageItem)) or output is None:
+                if isinstance(output, Request):  # links: a re-parse fetches nothing
+                    stats.requests += 1
+                    continue
+                if isinstance(output, PageItem) or output is None:
                     continue  # a callback calling super().parse() yields the page too
                 item = self._piped(output, doc["url"], stats)
                 if item is None:
