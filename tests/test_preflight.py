@@ -379,7 +379,7 @@ def test_settings_of_the_right_type_pass_the_check():
     assert str(said.value).endswith("fix the spider's custom_settings (or update_settings) "
                                     "that set it")
     settings.set("DOWNLOAD_DELAY", 0, priority="spider")
-    settings.set("WEBFARM_HOST_DELAY", "abc", priority="project")  # settings/base.py's
+    settings.set("CLOSESPIDER_TIMEOUT", "abc", priority="project")  # settings/base.py's
     with pytest.raises(ValueError, match=r"fix the project's settings module \(settings\)"):
         check_types(settings)
 
