@@ -81,6 +81,28 @@ def stored_kwargs(response: Response) -> str | None:
         return None
 
 
+def reached_callback(response: Response, spider: Any, settings: Any) -> bool:
+    """Whether Scrapy's ``HttpErrorMiddleware`` let ``response`` through to its callback
+    (its own rule, from its meta keys, the spider's ``handle_httpstatus_list`` and the
+    ``HTTPERROR_*`` settings). One it refused went to the request's errback, whose output
+    comes here as well: a 404 an errback handled was stored as a page of the callback,
+    and ``scrapy reparse`` ran the callback on it (a ``KeyError`` traceback, exit 1)."""
+    status = response.status
+    if 200 <= status < 300:
+        return True
+    meta = response.meta
+    if meta.get("handle_httpstatus_all", False):
+        return True
+    if "handle_httpstatus_list" in meta:
+        return status in meta["handle_httpstatus_list"]
+    if settings.getbool("HTTPERROR_ALLOW_ALL"):
+        return True
+    allowed = getattr(spider, "handle_httpstatus_list", None)
+    if allowed is None:
+        allowed = [int(c) for c in settings.getlist("HTTPERROR_ALLOWED_CODES")]
+    return status in allowed
+
+
 class ItemSourceMiddleware:
     """Spider middleware; see the module docstring."""
 
@@ -105,7 +127,12 @@ class ItemSourceMiddleware:
             if getattr(spider, "tags_item_sources", False):  # a WebfarmSpider
                 limited = bool(getattr(spider, "max_pages", 0))
                 name = callback_name(spider, response)
-                if name is not None and response.meta.get(LOCAL):
+                if name is not None and not reached_callback(response, spider,
+                                                             self.crawler.settings):
+                    # The errback's output (an error status): no page of the callback.
+                    source = ItemSource(response.url)
+                    self.stats.inc_value("webfarm/items/errback_pages_not_stored")
+                elif name is not None and response.meta.get(LOCAL):
                     # A page of this worker's session (a login's answer): not kept, as it
                     # could not be fetched again without it; its items keep its URL.
                     source = ItemSource(response.url)

@@ -315,3 +315,20 @@ def test_links_to_files_are_followed_by_a_spider_that_asks_for_them(small_web, s
         db.client.close()
     finally:
         small_web.clear_routes()
+
+
+def test_an_error_page_an_errback_handled_is_not_stored_as_the_callback_s(small_web, stores):
+    """A 404 went to the errback, as in Scrapy, and was stored as a page of parse_product
+    all the same: scrapy reparse then ran parse_product on the "not found" page (a
+    KeyError traceback, exit 1)."""
+    base = small_web.base_urls[0]
+    out = crawl("test_errback_callback", f"{base}/category/garden", stores)
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    assert db.pages.count_documents({"url": f"{base}/product/NOPE"}) == 0
+    assert db.pages.count_documents({"callback": "parse_product"}) == 5
+    assert [(d["url"], d["status"]) for d in db.failures.find()] == [
+        (f"{base}/product/NOPE", 404)]  # the errback's item, stored as in a crawl
+    assert "'webfarm/items/errback_pages_not_stored': 1" in out
+    again = reparse("test_errback_callback", stores)
+    assert "errors=0" in again and "Traceback" not in again, again[-2000:]
+    db.client.close()

@@ -100,3 +100,21 @@ class BigKwargsSpider(WebfarmSpider):
 
     def parse_product(self, response: Response, listing_html: str) -> Iterator[ShopProduct]:
         yield from product(response)
+
+
+class ErrbackCallbackSpider(DetailCallbackSpider):
+    """Product pages to ``parse_product`` with an errback, which records the failure."""
+
+    name = "test_errback_callback"
+
+    def extract(self, response: Response) -> Iterator[Any]:
+        for href in [*response.css("li.product a::attr(href)").getall(), "/product/NOPE"]:
+            yield response.follow(href, callback=self.parse_product, errback=self.failed,
+                                  cb_kwargs={"listing": response.url})
+
+    def parse_product(self, response: Response, listing: str = "") -> Iterator[ShopProduct]:
+        yield from super().parse_product(response)
+
+    def failed(self, failure: Any) -> Iterator[Any]:
+        yield {"_collection": "failures", "_key": "url", "url": failure.request.url,
+               "status": getattr(getattr(failure.value, "response", None), "status", None)}
