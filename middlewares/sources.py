@@ -37,17 +37,22 @@ from scrapy.http import Response
 
 from webfarm import serialize
 from webfarm.exceptions import ItemError
-from webfarm.items import ItemSource, PageItem, attach_source, has_source
+from webfarm.items import (
+    KEPT_JSON,
+    ItemSource,
+    PageItem,
+    attach_source,
+    has_source,
+    mark_user_meta,
+)
 from webfarm.itemstore import collection_of, key_fields_of, keyless_advice
 from webfarm.queue import LOCAL
 
 logger = logging.getLogger(__name__)
 
-#: The most of a request's ``cb_kwargs`` (as JSON, characters) kept with its page. A page
-#: document must stay far below MongoDB's 16 MiB (its headers are bounded alike,
-#: webfarm.index.HEADER_BYTES_KEPT): one over it was refused, and its write retried as a
-#: storage outage until the request was dead-lettered.
-KWARGS_KEPT = 256 * 1024
+#: The most of a request's ``cb_kwargs`` (as JSON, characters) kept with its page (its
+#: headers are bounded alike, webfarm.index.HEADER_BYTES_KEPT).
+KWARGS_KEPT = KEPT_JSON
 
 
 def callback_name(spider: Any, response: Response) -> str | None:
@@ -155,6 +160,8 @@ class ItemSourceMiddleware:
             if limited and isinstance(output, Request) and not spider.under_page_limit:
                 self.stats.inc_value("webfarm/links/max_pages")
                 continue
+            if isinstance(output, Request) and getattr(spider, "tags_item_sources", False):
+                mark_user_meta(output)  # its page keeps them for re-parse and recrawl
             if (source is not None and not isinstance(output, (Request, PageItem))
                     and output is not None and not has_source(output)):
                 attach_source(output, source)

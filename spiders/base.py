@@ -23,7 +23,7 @@ from scrapy.linkextractors import LinkExtractor
 
 from webfarm.attrnames import spider_slips
 from webfarm.config import mask_credentials, whole_number
-from webfarm.items import ItemSource, PageItem, attach_source
+from webfarm.items import ItemSource, PageItem, attach_source, user_meta_json
 from webfarm.links import MAX_LINKS_PER_PAGE, extract_links, has_anchors
 from webfarm.queue import SENT_AT
 from webfarm.recrawl import GONE_STATUSES
@@ -258,6 +258,7 @@ class WebfarmSpider(scrapy.Spider):
             gone=response.status in GONE_STATUSES and RECRAWL in response.meta,
             fetch_method=("api" if "fetch-api" in response.flags  # webfarm.fetchapi.FLAG
                           else "browser" if "playwright" in response.flags else "http"),
+            meta=user_meta_json(response),
         )
 
     def count_page(self, response: Response) -> None:

@@ -332,3 +332,35 @@ def test_an_error_page_an_errback_handled_is_not_stored_as_the_callback_s(small_
     again = reparse("test_errback_callback", stores)
     assert "errors=0" in again and "Traceback" not in again, again[-2000:]
     db.client.close()
+
+
+def test_the_meta_a_spider_gave_a_request_comes_back_on_reparse_and_recrawl(small_web, stores):
+    """A callback reading response.meta["listing"] got None on re-parse and on a recrawl:
+    only cb_kwargs were kept with the page, and re-parse wiped the field from 21 items."""
+    base = small_web.base_urls[0]
+    crawl("test_meta_callback", f"{base}/category/garden", stores)
+    db = pymongo.MongoClient(stores["MONGO_URI"])[stores["MONGO_DATABASE"]]
+    listing = f"{base}/category/garden"
+    assert {(d["listing"], tuple(d["rank"])) for d in db.listed.find()} == {(listing, ("top", 1))}
+    assert db.listed.count_documents({}) == 5
+    again = reparse("test_meta_callback", stores)
+    assert "changed=0" in again and "unchanged=5" in again, again[-2000:]
+    assert {d["listing"] for d in db.listed.find()} == {listing}
+    # The product changed on the site: its refetch reaches parse_product (a 304 would not).
+    small_web.route("/product/WF01-0001", Response.html(
+        '<article class="product"><h1>Renamed</h1><p class="sku">SKU: WF01-0001</p></article>'))
+    env = runner.env_for(**stores)
+    try:
+        due = runner.scrapy(["recrawl", "test_meta_callback", "--now", "+200000", *SPIDERS],
+                            env, timeout=60)
+        assert due.returncode == 0, due.output[-2000:]
+        refetched = runner.scrapy(["crawl", "test_meta_callback", *SPIDERS], env, timeout=120)
+        assert refetched.returncode == 0, refetched.output[-3000:]
+    finally:
+        small_web.clear_routes()
+    renamed = db.listed.find_one({"_id": "WF01-0001"})
+    assert renamed["extracted_at"] > renamed["first_extracted_at"]  # extracted again...
+    assert renamed["listing"] == listing and renamed["rank"] == ["top", 1]  # ...with its meta
+    stored = db.pages.find_one({"url": f"{base}/product/WF01-0001"})
+    assert "proxy" not in (stored.get("meta") or "")
+    db.client.close()

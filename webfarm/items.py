@@ -22,6 +22,44 @@ _PROCESS = os.urandom(8).hex()
 _COUNTER = itertools.count()
 
 
+#: meta key: the names of the meta keys a spider set on a request as it yielded it
+#: (:func:`mark_user_meta`); those are kept with its page (:func:`user_meta_json`).
+USER_META = "webfarm_user_meta"
+#: The most of a request's ``meta`` or ``cb_kwargs`` (as JSON, characters) kept with its
+#: page. A page document must stay far below MongoDB's 16 MiB: one over it was refused,
+#: and its write retried as a storage outage until the request was dead-lettered.
+KEPT_JSON = 256 * 1024
+
+
+def mark_user_meta(request: Any) -> None:
+    """Note which meta keys the spider set on ``request`` (not webfarm's ``webfarm_*`` or
+    private ``_*`` ones, nor ``proxy`` and the browser's, which may hold credentials),
+    before other components add theirs."""
+    if USER_META in request.meta:
+        return
+    names = [k for k in request.meta if isinstance(k, str) and not k.startswith(
+        ("webfarm_", "_", "playwright")) and k not in ("download_slot", "proxy")]
+    if names:
+        request.meta[USER_META] = names
+
+
+def user_meta_json(response: Any) -> str | None:
+    """The spider's own meta of ``response``'s request as JSON (``serialize.dumps_value``),
+    None when it set none, or when it is over :data:`KEPT_JSON` or does not serialise."""
+    from webfarm import serialize
+
+    meta = getattr(response, "meta", None) or {}
+    names = meta.get(USER_META) or ()
+    values = {k: meta[k] for k in names if k in meta}
+    if not values:
+        return None
+    try:
+        kept = serialize.dumps_value(values)
+    except serialize.SerializationError:
+        return None
+    return kept if len(kept) <= KEPT_JSON else None
+
+
 def _fetch_id() -> str:
     """Unique per fetch across workers: a random per-process prefix and a counter (cheaper
     than a uuid4 per page; reset after fork is not an issue, workers do not fork)."""
@@ -56,6 +94,9 @@ class PageItem:
     callback: str | None = None
     # Its request's cb_kwargs, as JSON (webfarm.serialize.dumps_value), for that callback.
     cb_kwargs: str | None = field(default=None, repr=False)
+    # The meta keys the spider set on its request (USER_META), as JSON: re-parse and
+    # recrawl give them back (a callback reading response.meta["listing"] got None).
+    meta: str | None = field(default=None, repr=False)
     # The URLs redirected from, first to last (Scrapy's ``redirect_urls`` meta); None when
     # there was no redirect. Re-parse gives them back to the callback's request.
     redirect_urls: list[str] | None = None

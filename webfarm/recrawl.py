@@ -56,6 +56,7 @@ from webfarm.frontier import Entry, Frontier, key_prefix
 from webfarm.queue import open_frontier, request_entry
 from webfarm.redisconn import held, redis_client
 from webfarm.refetch import as_utc
+from webfarm.reparsepages import stored_meta
 from webfarm.serialize import SerializationError
 from webfarm.urls import spider_scope
 
@@ -68,7 +69,7 @@ META_KEY = "webfarm_recrawl"
 # ``gone_at``) instead of Scrapy dropping the response unseen.
 GONE_STATUSES = (404, 410)
 _FIELDS = ("url", "next_fetch_at", "refetch_interval", "fetched_at", "etag", "last_modified",
-           "recrawl_queued_at", "callback", "cb_kwargs", "spider")
+           "recrawl_queued_at", "callback", "cb_kwargs", "meta", "spider")
 
 
 def utcnow() -> dt.datetime:
@@ -87,6 +88,7 @@ class DuePage:
     last_modified: str | None = field(compare=False, default=None)
     callback: str | None = field(compare=False, default=None)  # not the spider's parse
     cb_kwargs: str | None = field(compare=False, default=None)  # its request's, as JSON
+    meta: dict[str, Any] = field(compare=False, default_factory=dict)  # the spider's own
 
     @property
     def priority(self) -> int:
@@ -143,7 +145,8 @@ def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = Non
             yield DuePage(ratio, overdue, doc["url"], doc["_id"], doc.get("etag") or None,
                           _http_date(doc.get("last_modified")),
                           doc.get("callback") if own else None,
-                          doc.get("cb_kwargs") if own else None)
+                          doc.get("cb_kwargs") if own else None,
+                          stored_meta(doc) if own else {})
 
     if limit is None:
         found = sorted(candidates(), reverse=True)
@@ -167,8 +170,14 @@ def refetch_request(page: DuePage) -> Request:
         headers["If-None-Match"] = page.etag
     if page.last_modified:
         headers["If-Modified-Since"] = page.last_modified
+    # The spider's own meta of the page's request comes back with it (a callback reading
+    # response.meta got None after a recrawl); a 304, 404 and 410 always reach it.
+    allowed = [304, *GONE_STATUSES]
+    mine = page.meta.get("handle_httpstatus_list")
+    if isinstance(mine, (list, tuple)):
+        allowed += [s for s in mine if s not in allowed]
     return Request(page.url, headers=headers, priority=page.priority, dont_filter=True,
-                   meta={"handle_httpstatus_list": [304, *GONE_STATUSES],
+                   meta={**page.meta, "handle_httpstatus_list": allowed,
                          META_KEY: round(page.ratio, 3)})
 
 

@@ -22,17 +22,18 @@ from scrapy import Request
 from scrapy.http import Headers, Response, TextResponse
 from scrapy.responsetypes import responsetypes
 
-from webfarm import batching
+from webfarm import batching, serialize
 from webfarm.batching import TRANSIENT
 from webfarm.blobstore import Blob, BlobStore
 from webfarm.index import IndexStore
+from webfarm.items import USER_META
 from webfarm.urls import canonical_url
 
 logger = logging.getLogger(__name__)
 
 PROJECTION = ("url", "final_url", "redirect_urls", "status", "headers", "content_type",
               "encoding", "content_hash", "blob_key", "fetched_at", "callback", "cb_kwargs",
-              "spider")
+              "meta", "spider")
 
 
 def shard_range(shard: tuple[int, int]) -> dict[str, str]:
@@ -66,6 +67,17 @@ def page_query(spider: str, since: dt.datetime | None = None,
     return query
 
 
+def stored_meta(doc: dict[str, Any]) -> dict[str, Any]:
+    """The meta the spider set on a stored page's request (``pages.meta``), or none."""
+    if not doc.get("meta"):
+        return {}
+    try:
+        meta = serialize.loads_value(doc["meta"])
+    except (serialize.SerializationError, ValueError):
+        return {}
+    return {**meta, USER_META: list(meta)} if isinstance(meta, dict) else {}
+
+
 def rebuild_response(doc: dict[str, Any], body: bytes | Blob, request: Request | None = None,
                      flags: list[str] | None = None) -> Response:
     """The response a spider callback saw at crawl time, from a ``pages`` document (for
@@ -90,11 +102,15 @@ def rebuild_response(doc: dict[str, Any], body: bytes | Blob, request: Request |
     encoding = own.get("encoding") or doc.get("encoding")
     if issubclass(cls, TextResponse) and encoding:
         kwargs["encoding"] = encoding
+    if request is not None:  # a command's (parse --stored): the spider's meta beside its own
+        for key, value in stored_meta(doc).items():
+            request.meta.setdefault(key, value)
     if request is None:  # the request the response came to: the last of its redirects
         hops = doc.get("redirect_urls")
         if "redirect_urls" not in doc and canonical_url(url) != doc["url"]:
             hops = [doc["url"]]  # stored before redirect_urls were: its first URL at least
-        request = Request(url, meta={"redirect_urls": hops} if hops else None)
+        request = Request(url, meta={**stored_meta(doc), **({"redirect_urls": hops}
+                                                              if hops else {})})
     return cls(url=url, status=int(doc.get("status") or 200), headers=headers, body=body,
                request=request, flags=flags or ["reparse"], **kwargs)
 

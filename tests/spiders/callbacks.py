@@ -118,3 +118,19 @@ class ErrbackCallbackSpider(DetailCallbackSpider):
     def failed(self, failure: Any) -> Iterator[Any]:
         yield {"_collection": "failures", "_key": "url", "url": failure.request.url,
                "status": getattr(getattr(failure.value, "response", None), "status", None)}
+
+
+class MetaCallbackSpider(DetailCallbackSpider):
+    """Hands the listing's URL to parse_product in meta, the Scrapy way."""
+
+    name = "test_meta_callback"
+
+    def extract(self, response: Response) -> Iterator[Any]:
+        for href in response.css("li.product a::attr(href)").getall():
+            yield response.follow(href, callback=self.parse_product,
+                                  meta={"listing": response.url, "rank": ("top", 1)})
+
+    def parse_product(self, response: Response) -> Iterator[dict[str, Any]]:
+        for item in product(response):
+            yield {"_collection": "listed", "_key": "sku", "sku": item.sku,
+                   "listing": response.meta.get("listing"), "rank": response.meta.get("rank")}
