@@ -30,6 +30,18 @@ def test_scrapys_autothrottle_is_left_to_the_shared_rule(caplog):
     assert ext.target_concurrency == 1.0
 
 
+def test_a_download_delay_below_the_host_delay_is_said(caplog):
+    """A migrated spider's DOWNLOAD_DELAY of 0.05 s ran at WEBFARM_HOST_DELAY's 1 s, unsaid."""
+    caplog.set_level(logging.INFO, logger="webfarm.throttle")
+    for delay, said in ((0.05, True), (2.0, False), (0.0, False)):
+        caplog.clear()
+        with pytest.raises(NotConfigured):
+            WorkerAutoThrottle.from_crawler(get_crawler(settings_dict={
+                "DOWNLOAD_DELAY": delay, "WEBFARM_HOST_DELAY": 1.0}))
+        assert ("DOWNLOAD_DELAY=0.05 is below WEBFARM_HOST_DELAY=1, the delay every worker "
+                "keeps" in caplog.text) is said, (delay, caplog.text)
+
+
 def test_a_crawl_with_autothrottle_enabled_does_not_wait_its_start_delay(
         web, redis_url, mongo_uri, mongo_db_name, tmp_path):
     """Before, each worker also ran Scrapy's AutoThrottle, which starts every host at
