@@ -312,3 +312,4 @@ def test_reparse_of_a_spider_that_keeps_no_pages_says_why_and_fails(stores):
     assert result.returncode == 2, result.output[-2000:]
     assert ("test_errbacks is a Spider, not a WebfarmSpider: it stores its items but not its "
             "raw pages, so there is nothing to re-parse") in result.stderr
+    assert "its callbacks work as they are" in result.stderr  # no rewrite into extract()

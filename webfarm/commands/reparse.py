@@ -145,8 +145,8 @@ class Command(ScrapyCommand):
             raise CommandError(
                 f"{name} is a {base}, not a WebfarmSpider: it stores its items but not its "
                 "raw pages, so there is nothing to re-parse. Base it on "
-                "spiders.base.WebfarmSpider and put the extraction in extract() (README: "
-                "Adding a site)")
+                "spiders.base.WebfarmSpider (its callbacks work as they are, or put the "
+                "extraction in extract()) and crawl again (README: Adding a site)")
         check = getattr(spidercls, "check_arguments", None)
         try:
             if check is not None:
