@@ -73,6 +73,16 @@ def callback_name(spider: Any, response: Response) -> str | None:
     return None if func is base else name
 
 
+def errback_name(spider: Any, response: Response) -> str | None:
+    """The name of the request's errback when it is a method of the spider (a recrawl's
+    refetch of the page gets it again: it went without one, and a network error on it
+    reached no errback), else None."""
+    errback = getattr(response.request, "errback", None)
+    if getattr(errback, "__self__", None) is not spider:
+        return None
+    return getattr(errback, "__name__", None)
+
+
 def stored_kwargs(response: Response) -> str | None:
     """The request's ``cb_kwargs`` as JSON, kept with the page so re-parse can pass them
     (an item handed on to the next page's callback); None when there are none. They came
@@ -144,6 +154,7 @@ class ItemSourceMiddleware:
                 elif name is not None:
                     page = spider.page_item(response)
                     page.callback = name
+                    page.errback = errback_name(spider, response)
                     page.cb_kwargs = self._kept(name, stored_kwargs(response), page.url)
                     spider.count_page(response)
                     self.stats.inc_value("webfarm/items/callback_pages")

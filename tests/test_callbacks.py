@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import logging
 
 import pymongo
@@ -331,6 +332,21 @@ def test_an_error_page_an_errback_handled_is_not_stored_as_the_callback_s(small_
     assert "'webfarm/items/errback_pages_not_stored': 1" in out
     again = reparse("test_errback_callback", stores)
     assert "errors=0" in again and "Traceback" not in again, again[-2000:]
+    # A recrawl's refetch goes to parse_product with its errback (it went without one).
+    assert {d.get("errback") for d in db.pages.find({"callback": "parse_product"})} == {"failed"}
+    due = runner.scrapy(["recrawl", "test_errback_callback", "--now", "+200000", *SPIDERS],
+                        runner.env_for(**stores), timeout=60)
+    assert due.returncode == 0, due.output[-2000:]
+    frontier = frontier_of(stores["REDIS_URL"], "test_errback_callback")
+    queued = [json.loads(member.split(b":", 3)[3])
+              for key in frontier.server.scan_iter(match=frontier.key("q:*"))
+              for member in frontier.server.zrange(key, 0, -1)]
+    products = [q for q in queued if q.get("callback") == "parse_product"]
+    assert len(products) == 5 and all(q.get("errback") == "failed" for q in products), queued
+    done = runner.scrapy(["crawl", "test_errback_callback", *SPIDERS], runner.env_for(**stores),
+                         timeout=120)  # the worker takes them as requests of the spider
+    assert done.returncode == 0 and frontier.dead_letters() == [], done.output[-3000:]
+    assert frontier.counts()["queued"] == 0
     db.client.close()
 
 

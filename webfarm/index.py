@@ -381,6 +381,7 @@ class IndexStore:
                 # cb_kwargs: re-parse and recrawl send it there again (middlewares/sources.py)
                 fields["callback"] = page.get("callback")
                 fields["cb_kwargs"] = page.get("cb_kwargs")
+                fields["errback"] = page.get("errback")
             if page.get("meta") or (b or {}).get("meta"):
                 fields["meta"] = page.get("meta")  # the spider's own meta of its request
             moved = ((b or {}).get("content_hash") != page["content_hash"]

@@ -94,6 +94,8 @@ class PageItem:
     callback: str | None = None
     # Its request's cb_kwargs, as JSON (webfarm.serialize.dumps_value), for that callback.
     cb_kwargs: str | None = field(default=None, repr=False)
+    # Its request's errback, a method of the spider: a recrawl's refetch goes with it too.
+    errback: str | None = None
     # The meta keys the spider set on its request (USER_META), as JSON: re-parse and
     # recrawl give them back (a callback reading response.meta["listing"] got None).
     meta: str | None = field(default=None, repr=False)

@@ -199,7 +199,8 @@ class UnfetchableURL(serialize.SerializationError):
 
 def request_entry(request: Request, spider: Spider | None, fingerprinter: Any,
                   fingerprint: bytes | None = None, callback: str | None = None,
-                  cb_kwargs: str | None = None, max_bytes: int = 0) -> Entry:
+                  cb_kwargs: str | None = None, max_bytes: int = 0,
+                  errback: str | None = None) -> Entry:
     """A frontier entry for ``request``: politeness host, priority, fingerprint, JSON
     (``fingerprint``: the request's, if the caller computed it already; ``callback``: the
     name of the spider method it goes to, for a caller without the spider: recrawl, and
@@ -212,6 +213,8 @@ def request_entry(request: Request, spider: Spider | None, fingerprinter: Any,
     data = request_dict(request, spider)
     if callback:  # checked against the spider by the worker that decodes it
         data["callback"] = callback
+        if errback:  # the page's request's errback, with it (recrawl)
+            data["errback"] = errback
     if cb_kwargs:  # already in the queue's JSON forms, which encode to themselves
         try:
             data["cb_kwargs"] = json.loads(cb_kwargs)

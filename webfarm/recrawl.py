@@ -69,7 +69,7 @@ META_KEY = "webfarm_recrawl"
 # ``gone_at``) instead of Scrapy dropping the response unseen.
 GONE_STATUSES = (404, 410)
 _FIELDS = ("url", "next_fetch_at", "refetch_interval", "fetched_at", "etag", "last_modified",
-           "recrawl_queued_at", "callback", "cb_kwargs", "meta", "spider")
+           "recrawl_queued_at", "callback", "cb_kwargs", "meta", "errback", "spider")
 
 
 def utcnow() -> dt.datetime:
@@ -89,6 +89,7 @@ class DuePage:
     callback: str | None = field(compare=False, default=None)  # not the spider's parse
     cb_kwargs: str | None = field(compare=False, default=None)  # its request's, as JSON
     meta: dict[str, Any] = field(compare=False, default_factory=dict)  # the spider's own
+    errback: str | None = field(compare=False, default=None)  # its request's, by name
 
     @property
     def priority(self) -> int:
@@ -146,7 +147,8 @@ def due_pages(pages: Any, spider: str, now: dt.datetime, limit: int | None = Non
                           _http_date(doc.get("last_modified")),
                           doc.get("callback") if own else None,
                           doc.get("cb_kwargs") if own else None,
-                          stored_meta(doc) if own else {})
+                          stored_meta(doc) if own else {},
+                          doc.get("errback") if own else None)
 
     if limit is None:
         found = sorted(candidates(), reverse=True)
@@ -238,7 +240,7 @@ class Recrawler:
             try:
                 entries.append(request_entry(refetch_request(p), self.spider_obj,
                                              self.fingerprinter, callback=p.callback,
-                                             cb_kwargs=p.cb_kwargs))
+                                             cb_kwargs=p.cb_kwargs, errback=p.errback))
             except SerializationError as exc:  # a damaged page document: the others go
                 logger.error("Recrawl: cannot refetch %s: %s", p.url, exc)
                 continue
