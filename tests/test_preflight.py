@@ -152,8 +152,8 @@ def test_bad_blob_compression_fails_before_any_request(good, web):
                                      "settings give: 200)"),
     ("WEBFARM_NEARDUP=yes", "'yes' is not a boolean (True/False or 1/0) (the project's "
                             "settings give: True)"),
-    ("CLOSESPIDER_PAGECOUNT=ten", "CLOSESPIDER_PAGECOUNT='ten' is not a number (Scrapy's "
-                                  "default: 0)"),
+    ("CLOSESPIDER_PAGECOUNT=ten", "CLOSESPIDER_PAGECOUNT='ten' is not a whole number "
+                                  "(Scrapy's default: 0)"),
     ("WEBFARM_HOST_BUDGET=-5", "WEBFARM_HOST_BUDGET='-5' is below 0; give a number, or 0 for "
                                "no limit"),
     # Before: "RuntimeError: Engine slot not assigned", and a traceback from the throttle.
@@ -175,6 +175,11 @@ def test_bad_blob_compression_fails_before_any_request(good, web):
     # went on without /metrics, exit code 0.
     ("WEBFARM_PROMETHEUS_PORT=99999", "WEBFARM_PROMETHEUS_PORT='99999' is out of range: give "
                                       "a number 0 to 65535"),
+    # Scrapy reads these with getint: a traceback from the download handler's loading.
+    ("DOWNLOAD_MAXSIZE=1e3", "DOWNLOAD_MAXSIZE='1e3' is not a whole number (the project's "
+                             "settings give: 33554432)"),
+    ("CONCURRENT_REQUESTS_PER_DOMAIN=1.5", "CONCURRENT_REQUESTS_PER_DOMAIN='1.5' is not a "
+                                           "whole number"),
     # Before: every page dead-lettered "body over DOWNLOAD_MAXSIZE (-1 B)", exit 0.
     ("DOWNLOAD_MAXSIZE=-1", "DOWNLOAD_MAXSIZE='-1' is out of range: give a number 0 or more "
                             "(bytes; 0: no limit)"),

@@ -179,3 +179,24 @@ def test_requests_a_callback_yields_are_counted_as_not_followed(index, blobs):
     stats = reparse(FollowingOfferSpider, index, blobs)
     assert (stats.requests, stats.created) == (4, 2)
     assert "4 requests not followed (no network)" in stats.line()
+
+
+@pytest.mark.parametrize(("version", "kept"), [("1", "3"), ("2", "0")])
+def test_a_slice_of_older_pages_does_not_put_their_values_back(index, blobs, version, kept):
+    """A product on two pages, the second fetched later with a new price: a re-parse of
+    the first page alone (--url-pattern) put its old price back. With the same extractor
+    the later page's item stays; a new extractor's item is written (the run re-extracts)."""
+    store_pages(index, blobs, 6, skus=3)
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+    index.pages.update_many({"url": {"$in": [f"http://shop.test/page/{n}" for n in (3, 4, 5)]}},
+                            {"$set": {"fetched_at": later}})
+    reparse(ClashingOfferSpider, index, blobs)  # as a crawl left them: the later pages'
+    assert index.db.offers.find_one({"_id": "S0"})["price"] == "3"
+
+    class Versioned(ClashingOfferSpider):
+        extractor_version = version
+
+    spider = Versioned.from_crawler(get_crawler(Versioned), start="http://shop.test/")
+    stats = Reparser(spider, index, blobs, ItemStore(index.db)).run(url_pattern=r"/page/0$")
+    assert index.db.offers.find_one({"_id": "S0"})["price"] == kept
+    assert stats.superseded == (1 if kept == "3" else 0)

@@ -269,9 +269,12 @@ def _superseded(doc: dict[str, Any] | None, entry: ItemEntry, run: RunOrder | No
              else stored_later(doc, "extracted_at", entry.extracted_at))
     if run is None or not later or stored_later(doc, "extracted_at", run.since - _MS):
         return later  # a crawl's, or an item this re-parse (or a crawl beside it) wrote
-    # Stored before the re-parse: it re-extracts (a new extractor), so the stored item
-    # goes, unless the later page it came from is read in this run too and decides then.
-    return doc.get("source_url") in run.ahead
+    # Stored before the re-parse. The same extractor's item of a later page stays (a
+    # --url-pattern slice of older pages put their stale price back). A new extractor's
+    # replaces it, unless the later page it came from is read in this run too and decides
+    # then: the run re-extracts.
+    return (doc.get("extractor_version") == entry.extractor_version
+            or doc.get("source_url") in run.ahead)
 
 
 @dataclass
@@ -364,7 +367,7 @@ class ItemStore:
             keys = [entries[i].key for i in idx]
             seen = {**_SEEN} if retried else {"item_hash": 1, "item_fields": 1,
                                               "extracted_at": 1, "source_fetched_at": 1}
-            seen["source_url"] = 1
+            seen["source_url"] = seen["extractor_version"] = 1
             found = {self._k(d["_id"]): d for d in coll.find({"_id": {"$in": keys}}, seen)}
             if run is not None:
                 run.look_ahead(found.values(), (entries[i] for i in idx))

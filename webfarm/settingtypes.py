@@ -113,6 +113,18 @@ def check_status_lists(settings: BaseSettings) -> None:
                                  f"in {_where_set(settings, name)}")
 
 
+#: Scrapy's settings its code reads with ``getint``: ``-s DOWNLOAD_MAXSIZE=1e3`` or
+#: ``CONCURRENT_REQUESTS_PER_DOMAIN=1.5`` passed as numbers and ended in a traceback.
+SCRAPY_WHOLE = frozenset({
+    "CLOSESPIDER_ERRORCOUNT", "CLOSESPIDER_ITEMCOUNT", "CLOSESPIDER_PAGECOUNT",
+    "CLOSESPIDER_TIMEOUT_NO_ITEM", "CONCURRENT_ITEMS", "CONCURRENT_REQUESTS",
+    "CONCURRENT_REQUESTS_PER_DOMAIN", "CONCURRENT_REQUESTS_PER_IP", "DEPTH_LIMIT",
+    "DEPTH_PRIORITY", "DNSCACHE_SIZE", "DOWNLOAD_MAXSIZE", "DOWNLOAD_WARNSIZE",
+    "FEED_EXPORT_BATCH_ITEM_COUNT", "METAREFRESH_MAXDELAY", "REACTOR_THREADPOOL_MAXSIZE",
+    "REDIRECT_MAX_TIMES", "RETRY_TIMES", "SCRAPER_SLOT_MAX_ACTIVE_SIZE", "URLLENGTH_LIMIT",
+})
+
+
 def check_types(settings: BaseSettings) -> None:
     """ValueError naming the first setting whose value does not read as its default's
     type: a boolean, a whole number (webfarm's own counts, read with ``getint``) or a
@@ -207,8 +219,8 @@ def _typed_defaults() -> Iterator[tuple[str, Any, str, str]]:
             seen.add(name)
             if isinstance(default, bool):
                 yield name, default, BOOLEAN, source
-            elif isinstance(default, int) and module is not default_settings \
-                    and name.startswith("WEBFARM_"):
+            elif isinstance(default, int) and (name in SCRAPY_WHOLE or (
+                    module is not default_settings and name.startswith("WEBFARM_"))):
                 yield name, default, WHOLE, source
             elif isinstance(default, (int, float)):
                 yield name, default, NUMBER, source
