@@ -116,6 +116,11 @@ def test_storage_down_past_the_limit_sends_requests_back(web, redis_url, own_mon
 
     assert stat(output, "webfarm/index/gave_up") >= 1  # writes failed past the limit...
     assert stat(output, "webfarm/frontier/storage_retried") >= 3  # ...so requests went back
+    # scrapy frontier says them apart from failed fetches (460 read as 460 failures)
+    shown = runner.scrapy(["frontier", "generic"], env, 60).stdout
+    waited = stat(output, "webfarm/frontier/storage_retried")
+    assert re.search(rf"retried +[\d,]+ +all time \({waited:,} of them spent no attempt", shown), \
+        shown
     assert stat(output, "webfarm/frontier/dead") == 0
     # the store's own error, not a last attempt cut short and said to hang
     assert "StoreHung" not in output, output[-3000:]

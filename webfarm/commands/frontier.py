@@ -96,6 +96,7 @@ def snapshot(frontier: Frontier, top: int = 0) -> dict[str, Any]:
         "dupefilter_bytes": memory["bytes"],
         "bloom_layers": memory["layers"],
         "retried": counts["retried"],
+        "waited": counts["waited"],  # of them: no attempt spent (a store down, an outage)
         "expired": counts["expired"],
         "default_delay": frontier.effective_default_delay(),
         "host_budget": frontier.host_budget,
@@ -130,6 +131,13 @@ def _size(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def _waited(doc: dict[str, Any]) -> str:
+    """The retries that spent no attempt, said apart: 460 storage re-queues read as 460
+    failed fetches."""
+    n = doc.get("waited") or 0
+    return f" ({n:,} of them spent no attempt: a store down, a host's outage)" if n else ""
+
+
 def summary(doc: dict[str, Any]) -> str:
     """The lines above the host table."""
     if doc["seen_exact"]:
@@ -143,7 +151,8 @@ def summary(doc: dict[str, Any]) -> str:
         ("leased", f"{doc['leased']:,}", _workers(doc["leases_by_worker"])),
         ("dead", f"{doc['dead']:,}", f"scrapy dlq {doc['spider']} --list"),
         ("seen", f"{approx}{doc['seen']:,}", f"{kind}, {_size(doc['dupefilter_bytes'])}"),
-        ("retried", f"{doc['retried']:,}", f"all time; {_n(doc['expired'], 'lease')} expired"),
+        ("retried", f"{doc['retried']:,}",
+         f"all time{_waited(doc)}; {_n(doc['expired'], 'lease')} expired"),
     ]
     width = max(len(r[1]) for r in rows)
     lines = [f"frontier {doc['prefix']} on {doc['redis']}"]

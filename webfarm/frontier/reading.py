@@ -33,7 +33,8 @@ class FrontierReads:
     _call: Callable[..., Any]
 
     def counts(self) -> dict[str, int]:
-        """queued, ready_hosts, hosts, delayed, leased, dead, seen, retried, expired."""
+        """queued, ready_hosts, hosts, delayed, leased, dead, seen, retried, expired and
+        waited (the retries that spent no attempt: a store down, a host's outage)."""
         return self._counts(self._call("counts"))
 
     @staticmethod
@@ -48,6 +49,7 @@ class FrontierReads:
             "seen",
             "retried",
             "expired",
+            "waited",
         )
         return dict(zip(names, (int(v) for v in reply), strict=True))
 

@@ -188,6 +188,7 @@ OPS.retry = function()
   redis.call('ZADD', K_DELAYED, NOW + tonumber(ARGV[4]),
              host .. ' ' .. fmt_int(prio) .. ' ' .. member)
   redis.call('HINCRBY', K_STATS, 'retried', 1)
+  if spent == 0 then redis.call('HINCRBY', K_STATS, 'waited', 1) end -- no attempt spent
   redis.call('HINCRBY', K_RETRIES, string.sub(ARGV[5], 1, 200), 1)
   return 1
 end
@@ -355,7 +356,7 @@ OPS.seen = function()
 end
 
 OPS.counts = function()
-  local s = redis.call('HMGET', K_STATS, 'queued', 'seen', 'retried', 'expired')
+  local s = redis.call('HMGET', K_STATS, 'queued', 'seen', 'retried', 'expired', 'waited')
   local queued, hosts = tonumber(s[1]) or 0, redis.call('ZCARD', K_READY)
   if hosts == 0 and queued ~= 0 then
     -- 'ready' lists every host with queued entries: none means nothing is queued. The
@@ -367,7 +368,7 @@ OPS.counts = function()
   return {queued, redis.call('ZCOUNT', K_READY, '-inf', string.format('(%.3f', NOW + 0.5)),
           hosts, redis.call('ZCARD', K_DELAYED),
           redis.call('ZCARD', K_LEASES), redis.call('LLEN', K_DEAD), tonumber(s[2]) or 0,
-          tonumber(s[3]) or 0, tonumber(s[4]) or 0}
+          tonumber(s[3]) or 0, tonumber(s[4]) or 0, tonumber(s[5]) or 0}
 end
 
 -- idle_in: ARGV[3] scope (host names, bare or host:port, space-separated). {1, entries of
