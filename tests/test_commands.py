@@ -28,6 +28,7 @@ FRONTIER_KEYS = {
     "spider", "prefix", "redis", "queued", "hosts", "ready_hosts", "delayed", "leased",
     "leases_by_worker", "dead", "seen", "seen_exact", "dupefilter", "dupefilter_bytes",
     "bloom_layers", "retried", "waited", "expired", "default_delay", "host_budget", "hosts_listed",
+    "at",
     "per_host",
 }
 LETTER_KEYS = {"reason", "status", "error", "attempts", "first", "last", "host", "priority",

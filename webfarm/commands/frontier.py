@@ -277,8 +277,8 @@ class Command(ScrapyCommand):
             raise CommandError(str(exc), BAD_CONFIG) from None
         if proxies:  # health is shared by every spider's workers
             doc["proxies"] = proxy_health(frontier.server, proxies)
-        if opts.watch is not None:  # frames piped to a file: each says when it was taken
-            doc["at"] = datetime.now(UTC).isoformat(timespec="seconds")
+        # When it was taken: frames of --watch piped to a file, snapshots kept by a script
+        doc["at"] = datetime.now(UTC).isoformat(timespec="seconds")
         if opts.json:
             print(json.dumps(doc, indent=None if opts.watch else 2))
             return
