@@ -118,7 +118,8 @@ class ItemStorePipeline:
         other = self.clashes.meet(entry)
         if other is not None:
             self.stats.inc_value("webfarm/items/key_clashes")
-            if said := self.clashes.advice_once(entry, other):
+            if said := self.clashes.advice_once(
+                    entry, other, getattr(self.crawler.spider, "name", "SPIDER")):
                 logger.warning("%s", said)
         outcome = await self.batcher.submit(entry)
         if isinstance(outcome, ItemError):  # refused by the server's rules; the rest stored

@@ -135,7 +135,7 @@ def test_a_key_two_pages_give_other_values_is_said_once_and_counted(index, blobs
                     r"\(http://shop.test/page/(\d), http://shop.test/page/(\d)\)\. The "
                     r"document keeps the item of the page fetched last\.", said[0]), said[0]
     assert "their key (sku) does not tell them apart" in said[0]
-    assert "scrapy seed SPIDER --force URL" in said[0]  # or one page is an older copy
+    assert "scrapy seed test_products --force URL" in said[0]  # or one is an older copy
     sku, a, b = re.match(r".*'S(\d)'.*page/(\d), .*page/(\d)\)", said[0]).groups()
     assert {int(a), int(b)} == {int(sku), int(sku) + 3}
     assert "key_fields" in said[0] and said[0].endswith("(said once per collection)")

@@ -43,7 +43,8 @@ class KeyClashes:
             return None
         return met[1]
 
-    def advice_once(self, entry: ItemEntry, other_url: str) -> str | None:
+    def advice_once(self, entry: ItemEntry, other_url: str, spider: str = "SPIDER"
+                    ) -> str | None:
         """What to say of a clash, the first time one of ``entry``'s collection is met."""
         if entry.collection in self._said:
             return None
@@ -53,7 +54,7 @@ class KeyClashes:
                 f"values ({other_url}, {entry.source_url}). The document keeps the item of "
                 "the page fetched last. If the two pages are one record and one of them an "
                 "older copy (not refetched since the site changed), refetch it: scrapy seed "
-                f"SPIDER --force URL. If they are two records, their key ({fields}) does not "
+                f"{spider} --force URL. If they are two records, their key ({fields}) does not "
                 "tell them apart: add the field that does to key_fields (for a spider of "
                 "several sites, the host: key_fields = ('shop', 'sku')) (said once per "
                 "collection)")

@@ -314,7 +314,7 @@ class Reparser:
             other = self._clashes.meet(entry)
             if other is not None:
                 stats.clashes += 1
-                if said := self._clashes.advice_once(entry, other):
+                if said := self._clashes.advice_once(entry, other, self.spider.name):
                     logger.warning("reparse: %s", said)
         return entries
 
