@@ -274,6 +274,30 @@ def test_concurrent_requests_per_domain_holds_with_no_delay(shop, stores, limit)
     assert most[0] == limit, most[0]  # reached, never passed
 
 
+def test_a_fleet_worker_says_why_it_waits_on_a_lease_another_holds(shop, stores, tmp_path):
+    """With WEBFARM_IDLE_TIMEOUT=0 (a fleet's setting) the notice was never reached: a
+    lease a killed worker held kept the worker silent for its 10 minutes."""
+    from webfarm.frontier import Entry
+
+    base = shop.base_urls[0]
+    frontier = frontier_of(stores["REDIS_URL"])
+    url = f"{base}/about"
+    frontier.push([Entry(host_of(url), 0, url.encode(), json.dumps({"url": url}))])
+    assert frontier.pop("ghost:1:dead") is not None  # held by a worker that is gone
+    log = tmp_path / "w.log"
+    worker = runner.popen(["crawl", "generic", "-a", f"domains={host_of(base)}", "-s",
+                           "WEBFARM_IDLE_TIMEOUT=0", "-s", "LOGSTATS_INTERVAL=1"],
+                          runner.env_for(**stores), log)
+    try:
+        servers.wait_for(lambda: "Nothing fetched for" in log.read_text(), 60,
+                         "the waiting notice")
+    finally:
+        worker.send_signal(signal.SIGINT)
+        worker.wait(60)
+    said = [line for line in log.read_text().splitlines() if "Nothing fetched for" in line]
+    assert "a lease another worker holds" in said[0], said
+
+
 def test_retries_back_off_then_dead_letter(shop, stores, tmp_path):
     base = shop.base_urls[0]
     flaky_calls = []

@@ -88,15 +88,19 @@ class Wakeup:
         if link.waiting():  # Redis unreachable: asked again after the backoff
             raise DontCloseSpider
         link.tick()  # links and acks held go first: the check must see them
-        if self.idle_timeout <= 0 or link.waiting() or link.push or link.in_flight:
+        if link.waiting() or link.push or link.in_flight:
             raise DontCloseSpider
         idle = link.frontier_idle()
         if idle is None:
             raise DontCloseSpider
         stats, name = self.crawler.stats, spider.name if spider else ""
         if not idle:
+            # Said with WEBFARM_IDLE_TIMEOUT=0 too (a fleet's setting): a lease a killed
+            # worker held kept such a worker silent for its 10 minutes.
             self._empty_since = None
             self.waiting.idle_with_work(stats, name, frontier.last_ready_in)
+            raise DontCloseSpider
+        if self.idle_timeout <= 0:
             raise DontCloseSpider
         now = time.monotonic()
         if self._empty_since is None:
