@@ -326,9 +326,14 @@ def test_frontier_table_json_and_reset(stores, client):
     fails(run(stores, "frontier", "generic", "--reset", "--yes"), 2,
           f"; 1 of them ({killed}) named this machine and no process of theirs runs here: "
           "killed, they count until 2 minutes after their last exchange; stop them first")
+    # Its lease is no work in flight: the summary says the worker is gone (it looked live
+    # for the lease's 10 minutes).
+    frontier.push([Entry("held.test", 0, b"h", json.dumps({"url": "http://held.test/"}))])
+    assert frontier.pop(killed) is not None
+    assert f"{killed} (1; gone, its leases expire)" in ok(run(stores, "frontier", "generic"))
     frontier.release_worker(killed)
     fails(run(stores, "frontier", "generic", "--reset", "--force"), 2, "add --yes to confirm")
-    assert frontier.counts()["queued"] == 6  # quiet.test's, given back by vm1
+    assert frontier.counts()["queued"] == 7  # quiet.test's, given back by vm1; held.test's
     out = ok(run(stores, "frontier", "generic", "--reset", "--yes", "--force"))
     assert "reset generic: deleted" in out
     assert client.keys("webfarm:{generic}:*") == []

@@ -114,7 +114,10 @@ def _workers(leases: dict[str, int], shown: int = 3) -> str:
     """``in flight on 2 workers: vm1:81:a1b2c3 (5), vm2:90:d4e5f6 (3)``, the busiest first."""
     if not leases:
         return "in flight on workers"
-    names = [f"{name} ({n:,})" for name, n in list(leases.items())[:shown]]
+    # A killed worker's leases look like work in flight until they expire: one of this
+    # machine whose process is gone is said so (others' cannot be told from here).
+    names = [f"{name} ({n:,}{'; gone, its leases expire' if gone_here(name) else ''})"
+             for name, n in list(leases.items())[:shown]]
     more = f", … {len(leases) - shown} more" if len(leases) > shown else ""
     return f"in flight on {_n(len(leases), 'worker')}: {', '.join(names)}{more}"
 
