@@ -382,6 +382,13 @@ def test_dlq_list_requeue_and_purge(stores, client):
     some = json.loads(ok(run(stores, "dlq", "generic", "--json", "--reason", "503",
                              "--limit", "1")))
     assert (some["total"], some["matched"], some["listed"]) == (4, 2, 1)
+    # One host's letters: an "HTTP 503" names no host (only --reason was there)
+    host = ok(run(stores, "dlq", "generic", "--url", "//a.test/", "--reason", "503"))
+    assert host.splitlines()[0] == ("4 dead letters in webfarm:{generic}:dead, 2 with a "
+                                    "reason matching '503' and with a URL matching '//a.test/'")
+    assert "purged 0 dead letters" in ok(run(stores, "dlq", "generic", "--purge", "--url",
+                                             "//b.test/", "--reason", "503"))
+    fails(run(stores, "dlq", "generic", "--url", "("), 2, "--url '(' is not a regular")
 
     out = ok(run(stores, "dlq", "generic", "--requeue", "--reason", "HTTP 50[0-9]$"))
     assert "requeued 2 dead letters" in out

@@ -1,12 +1,12 @@
-"""``scrapy dlq SPIDER [--list|--requeue|--purge] [--reason REGEX]``: the dead-letter queue.
+"""``scrapy dlq SPIDER [--list|--requeue|--purge] [--reason REGEX] [--url REGEX]``: dead letters.
 
 A request lands in ``webfarm:{SPIDER}:dead`` after its last retry, when a
 middleware dead-letters it, when its callback fails, or when a queue entry is
 not a request of ours. ``--list`` shows why (reason, last status or error,
 attempts, first and last time, URL — user-info of URLs masked, since proxy and
 site credentials can hide there); ``--requeue`` puts them back into their
-host's queue with attempts reset; ``--purge`` deletes them. ``--reason`` limits
-any of the three to letters whose reason matches a regular expression.
+host's queue with attempts reset; ``--purge`` deletes them. ``--reason`` and ``--url``
+limit any of the three to letters whose reason, or URL, matches a regular expression.
 
 Requeue is at-least-once, like the rest of the frontier: a letter is pushed to
 its queue first and removed from the dead list after, so a crash in between
@@ -191,7 +191,8 @@ class Command(ScrapyCommand):
     default_settings: ClassVar[dict[str, Any]] = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return "SPIDER [--list|--requeue|--purge] [--reason REGEX] [--json] [--limit N]"
+        return ("SPIDER [--list|--requeue|--purge] [--reason REGEX] [--url REGEX] [--json] "
+                "[--limit N]")
 
     def short_desc(self) -> str:
         return "List, requeue or purge a spider's dead letters (requests that failed for good)"
@@ -201,7 +202,7 @@ class Command(ScrapyCommand):
             "--list (default) shows each dead letter's reason, last status or error, "
             "attempts, first and last time (UTC) and URL; --json prints them for scripts. "
             "--requeue puts them back into their host's queue with attempts reset; --purge "
-            "deletes them. --reason REGEX limits any of these to matching reasons."
+            "deletes them. --reason REGEX and --url REGEX limit any of these to matching letters."
         )
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
@@ -214,6 +215,9 @@ class Command(ScrapyCommand):
                                 const=flag[2:], help=text)
         parser.add_argument("--reason", metavar="REGEX", default=None,
                             help="only letters whose reason matches (Python regex, searched)")
+        parser.add_argument("--url", metavar="REGEX", default=None,
+                            help="only letters whose URL matches (Python regex, searched; "
+                                 "one host: --url '//shop.example.com[:/]')")
         parser.add_argument("--json", dest="json", action="store_true",
                             help="--list as one JSON object")
         parser.add_argument("--limit", type=int, default=DEFAULT_LIMIT, metavar="N",
@@ -223,7 +227,7 @@ class Command(ScrapyCommand):
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         one_spider(args, "dlq")
         try:
-            pattern = _pattern(opts.reason)
+            pattern = _Filter(_pattern(opts.reason), _pattern(opts.url, "--url"))
             if opts.limit < 0:
                 raise CommandError(f"--limit {opts.limit}: give 0 (all) or more")
             assert self.settings is not None
@@ -250,7 +254,7 @@ class Command(ScrapyCommand):
         except CommandError as exc:
             report(self, exc)
 
-    def _list(self, letters: DeadLetters, pattern: re.Pattern[str] | None, limit: int,
+    def _list(self, letters: DeadLetters, pattern: _Filter, limit: int,
               as_json: bool) -> None:
         total = len(letters)
         shown: list[dict[str, Any]] = []
@@ -261,7 +265,7 @@ class Command(ScrapyCommand):
                     matched += 1
                     if not limit or len(shown) < limit:
                         shown.append(letter_view(letter))
-            if pattern is None and limit and len(shown) >= limit:
+            if not pattern and limit and len(shown) >= limit:
                 matched = total  # no filter: every letter matches, no need to read on
                 break
         frontier = letters.frontier
@@ -271,8 +275,8 @@ class Command(ScrapyCommand):
                               "letters": shown}, indent=2))
             return
         what = f"{total:,} dead letters in {frontier.key('dead')}"
-        if pattern is not None:
-            what += f", {matched:,} with a reason matching {pattern.pattern!r}"
+        if pattern:
+            what += f", {matched:,} {pattern.said()}"
         print(what)
         if shown:
             print()
@@ -282,7 +286,7 @@ class Command(ScrapyCommand):
         if matched > len(shown):
             print(f"… {matched - len(shown):,} more (--limit 0 lists all)")
 
-    def _requeue(self, letters: DeadLetters, pattern: re.Pattern[str] | None) -> None:
+    def _requeue(self, letters: DeadLetters, pattern: _Filter) -> None:
         requeued = kept = 0
         walk = letters.chunks()
         chunk = next(walk, None)
@@ -307,8 +311,8 @@ class Command(ScrapyCommand):
             line += f"; {kept:,} are not requests and stay (scrapy dlq --list shows them)"
         print(line)
 
-    def _purge(self, letters: DeadLetters, pattern: re.Pattern[str] | None) -> None:
-        if pattern is None:
+    def _purge(self, letters: DeadLetters, pattern: _Filter) -> None:
+        if not pattern:
             purged = letters.frontier.purge_dead()
         else:
             purged = 0
@@ -329,14 +333,35 @@ def _send(walk: Generator[Chunk, int | None, None], removed: int) -> Chunk | Non
         return None
 
 
-def _pattern(value: str | None) -> re.Pattern[str] | None:
+def _pattern(value: str | None, flag: str = "--reason") -> re.Pattern[str] | None:
     if value is None:
         return None
     try:
         return re.compile(value)
     except re.error as exc:
-        raise CommandError(f"--reason {value!r} is not a regular expression ({exc})") from None
+        raise CommandError(f"{flag} {value!r} is not a regular expression ({exc})") from None
 
 
-def _matches(pattern: re.Pattern[str] | None, letter: dict[str, Any]) -> bool:
-    return pattern is None or bool(pattern.search(str(letter.get("reason") or "")))
+class _Filter:
+    """``--reason`` and ``--url``: a letter matches both that are given. By reason alone,
+    one host's letters could not be picked (an "HTTP 500" names no host)."""
+
+    def __init__(self, reason: re.Pattern[str] | None, url: re.Pattern[str] | None) -> None:
+        self.reason, self.url = reason, url
+
+    def __bool__(self) -> bool:
+        return self.reason is not None or self.url is not None
+
+    def said(self) -> str:
+        parts = [f"{what} matching {p.pattern!r}" for what, p in (
+            ("with a reason", self.reason), ("with a URL", self.url)) if p is not None]
+        return " and ".join(parts)
+
+    def __call__(self, letter: dict[str, Any]) -> bool:
+        if self.reason is not None and not self.reason.search(str(letter.get("reason") or "")):
+            return False
+        return self.url is None or bool(self.url.search(letter_view(letter)["url"] or ""))
+
+
+def _matches(pattern: _Filter, letter: dict[str, Any]) -> bool:
+    return pattern(letter)
