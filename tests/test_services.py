@@ -315,6 +315,23 @@ def test_command(services: EmbeddedServices, data_dir: Path) -> None:
     assert not running(status["redis"]["pid"]) and not running(status["mongo"]["pid"])
 
 
+def test_status_into_a_pipe_that_closes_and_the_report_s_help(data_dir: Path) -> None:
+    """`scrapy services status | head -2` ended in a BrokenPipeError traceback, and
+    `python -m webfarm.report --help` ran the report instead."""
+    env = {**os.environ, "WEBFARM_DATA_DIR": str(data_dir)}
+    # `true` reads nothing and is gone long before the command writes: the pipe is closed
+    done = subprocess.run(f"{PYTHON} -m scrapy services status | true", shell=True,
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    helped = subprocess.run([str(PYTHON), "-m", "webfarm.report", "--help"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and "What a crawl stored" in helped.stdout
+    assert not (data_dir / "valkey").exists()  # it started nothing
+    bad = subprocess.run([str(PYTHON), "-m", "webfarm.report", "--jsno"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unrecognized arguments: --jsno" in bad.stderr
+
+
 def test_command_errors(data_dir: Path) -> None:
     done = scrapy("restart", data_dir=data_dir)
     assert done.returncode == 2 and "up|down|status" in done.stderr  # Scrapy's UsageError

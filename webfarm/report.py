@@ -6,6 +6,7 @@ it answers "did my crawl land?" for embedded and real services alike.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any
@@ -49,13 +50,19 @@ def render(summary: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(
+        prog="python -m webfarm.report",
+        description="What a crawl stored, and where: pages, distinct contents, pages per "
+                    "host, the stores (the settings a worker uses: MONGO_URI, "
+                    "BLOB_STORE_URI, or the embedded services).")
+    parser.add_argument("--json", action="store_true", help="print it as JSON")
+    opts = parser.parse_args(sys.argv[1:] if argv is None else argv)  # --help, bad flags
     try:
         summary = stored(get_project_settings())
     except config.ConfigError as exc:
         print(f"webfarm: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(summary, indent=2) if "--json" in argv else render(summary))
+    print(json.dumps(summary, indent=2) if opts.json else render(summary))
     return 0
 
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from webfarm.commands._common import pipe_may_close
 from webfarm.services import EmbeddedServices, ServiceError, default_data_dir
 
 ACTIONS = ("up", "down", "status")
@@ -51,6 +52,7 @@ class Command(ScrapyCommand):
             help="data folder of the services (default: WEBFARM_DATA_DIR or .webfarm)",
         )
 
+    @pipe_may_close
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         if len(args) != 1 or args[0] not in ACTIONS:
             raise UsageError(f"expected one action: {'|'.join(ACTIONS)}", print_help=False)
