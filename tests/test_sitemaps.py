@@ -118,8 +118,40 @@ def test_a_bad_child_fails_the_whole_index(web):
     base = web.base_urls[0]
     web.route("/idx.xml", xml(index(f"{base}/sitemap.xml", f"{base}/missing.xml")))
     web.route("/missing.xml", Response.text("gone", status=410))
-    with pytest.raises(SitemapError, match=r"missing\.xml: HTTP 410"):
+    # ... and names the index that listed it: with hundreds of children, which one?
+    with pytest.raises(SitemapError, match=r"missing\.xml: HTTP 410 .*\(listed by the "
+                       r"sitemap index http://[\d.:]+/idx\.xml\)$"):
         SitemapReader().read(f"{base}/idx.xml")
+
+
+def test_a_sitemap_cut_short_or_not_well_formed_seeds_nothing(web):
+    """Scrapy's reader recovers from broken XML: a transfer cut in half seeded half the
+    URLs with exit 0, and an unescaped '&' queued another URL (id=3=2), in silence."""
+    base = web.base_urls[0]
+    whole = urlset(*(f"{base}/p{i}" for i in range(2000))).encode()
+
+    def cut(handler):
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/xml")
+        handler.send_header("Content-Length", str(len(whole)))
+        handler.end_headers()
+        handler.wfile.write(whole[:len(whole) // 2])
+        handler.wfile.flush()
+        handler.close_connection = True
+
+    web.route("/cut.xml", lambda info: cut)
+    with pytest.raises(SitemapError, match=r"cut\.xml: cut short in transfer \([\d,]+ of "
+                                           rf"{len(whole):,} bytes\)"):
+        SitemapReader().read(f"{base}/cut.xml")
+    web.route("/half.xml", xml(whole[:len(whole) // 2].decode()))  # whole on the wire
+    web.route("/amp.xml", xml(urlset(f"{base}/q?id=3&cat=2")))
+    web.route("/page.html", Response.html("<!doctype html><html><body>hi</body></html>"))
+    for route in ("/half.xml", "/amp.xml", "/page.html"):
+        with pytest.raises(SitemapError, match=r"is not well-formed XML \(.+\); nothing was "
+                                               r"enqueued\. Fix the sitemap"):
+            SitemapReader().read(base + route)
+    web.route("/amp.xml", xml(urlset(f"{base}/q?id=3&amp;cat=2")))  # escaped: as meant
+    assert SitemapReader().read(f"{base}/amp.xml").urls == [f"{base}/q?id=3&cat=2"]
 
 
 def test_index_loops_and_depth_are_bounded(web):

@@ -138,6 +138,7 @@ class SitemapReader:
             with self._opener.open(request, timeout=self.timeout) as response:
                 data = response.read(self.max_bytes + 1)
                 encoding = (response.headers.get("Content-Encoding") or "").strip().lower()
+                declared = response.headers.get("Content-Length")
         except urllib.error.HTTPError as exc:
             raise SitemapError(f"{url}: HTTP {exc.code} {exc.reason}") from None
         except urllib.error.URLError as exc:
@@ -151,6 +152,11 @@ class SitemapReader:
             raise SitemapError(f"{url}: cannot fetch ({type(exc).__name__}: {exc})") from None
         if len(data) > self.max_bytes:
             raise SitemapError(f"{url}: larger than {self.max_bytes} bytes")
+        if declared and declared.strip().isdigit() and len(data) < int(declared):
+            # read(n) returns what came when the server closes early: a sitemap cut in
+            # half was seeded in half, exit 0
+            raise SitemapError(f"{url}: cut short in transfer ({len(data):,} of "
+                               f"{int(declared):,} bytes); try again")
         if encoding not in ("", "identity", "gzip", "x-gzip"):
             raise SitemapError(f"{url}: unsupported Content-Encoding {encoding!r}")
         # Content-Encoding: gzip of a .xml.gz file is gzip twice; never more.
@@ -194,6 +200,7 @@ class SitemapReader:
         else:
             todo = deque([(first, 0)])
         visited: set[str] = set()
+        listed_by: dict[str, str] = {}  # a child sitemap -> the index that listed it
         while todo:
             url, depth = todo.popleft()
             if url in visited:
@@ -203,7 +210,13 @@ class SitemapReader:
                 raise SitemapError(f"sitemap location {url!r} is not an http(s) URL")
             if len(result.sitemaps) >= self.max_sitemaps:
                 raise SitemapError(f"{value}: more than {self.max_sitemaps} sitemaps")
-            kind, locs = self.parse(url, self.fetch(url))
+            try:
+                kind, locs = self.parse(url, self.fetch(url))
+            except SitemapError as exc:
+                parent = listed_by.get(url)
+                if parent is None:
+                    raise
+                raise SitemapError(f"{exc} (listed by the sitemap index {parent})") from None
             result.sitemaps.append(url)
             if kind == "sitemapindex":
                 if depth >= self.max_depth:
@@ -211,6 +224,8 @@ class SitemapReader:
                         f"{url}: sitemap indexes nested deeper than {self.max_depth} levels"
                     )
                 todo.extend((loc, depth + 1) for loc in locs)
+                for loc in locs:
+                    listed_by.setdefault(loc, url)
                 continue
             for loc in locs:
                 if not is_http_url(loc):
@@ -234,6 +249,14 @@ class SitemapReader:
         if not stripped.startswith(b"<"):
             return "urlset", _text_sitemap(url, stripped)
         try:
+            # Scrapy's reader recovers from broken XML: a file cut short gave the URLs
+            # before the cut, and an unescaped '&' in a <loc> another URL, in silence
+            lxml.etree.fromstring(body, parser=_STRICT)
+        except lxml.etree.XMLSyntaxError as exc:
+            raise SitemapError(
+                f"{url} is not well-formed XML ({exc}); nothing was enqueued. Fix the "
+                "sitemap (an '&' in a URL is written &amp;), or seed its URLs with -f") from None
+        try:
             sitemap = Sitemap(body)
             kind = sitemap.type
             locs = [entry["loc"].strip() for entry in sitemap if entry.get("loc")]
@@ -245,6 +268,9 @@ class SitemapReader:
                 "<sitemapindex>)"
             )
         return kind, locs
+
+
+_STRICT = lxml.etree.XMLParser(resolve_entities=False, no_network=True, huge_tree=True)
 
 
 def _text_sitemap(url: str, body: bytes) -> list[str]:
