@@ -211,6 +211,20 @@ def test_every_fetch_and_redirect_goes_through_the_guard(web):
         reader.read(f"{base}/away.xml")
 
 
+def test_documents_of_one_host_are_fetched_a_delay_apart(web):
+    """A 50-child index came in 0.13 s: the seed command fetched as fast as it could,
+    where a worker waits WEBFARM_HOST_DELAY between two requests to a host."""
+    base = web.base_urls[0]
+    web.route("/kids.xml", xml(index(*(f"{base}/kid{i}.xml" for i in range(3)))))
+    for i in range(3):
+        web.route(f"/kid{i}.xml", xml(urlset(f"{base}/k{i}")))
+    web.clear_hits()
+    result = SitemapReader(delay=0.3).read(f"{base}/kids.xml")
+    assert len(result.urls) == 3
+    times = sorted(h.monotonic for h in web.hits)
+    assert len(times) == 4 and min(b - a for a, b in zip(times, times[1:])) >= 0.29, times
+
+
 def test_a_slow_server_times_out(web):
     base = web.base_urls[0]
     release = threading.Event()

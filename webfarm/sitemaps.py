@@ -20,6 +20,7 @@ robots.txt chosen by a stranger names the next URLs to fetch.
 from __future__ import annotations
 
 import ssl
+import time
 import urllib.error
 import urllib.request
 import zlib
@@ -115,8 +116,13 @@ class SitemapReader:
         max_sitemaps: int = MAX_SITEMAPS,
         max_urls: int = MAX_URLS,
         check_url: UrlCheck | None = None,
+        delay: float = 0.0,
     ) -> None:
         self.user_agent = user_agent
+        #: seconds between two fetches from one host (``WEBFARM_HOST_DELAY``): a 50-child
+        #: index came in 0.13 s, where a worker's SitemapSpider waited its delay each time
+        self.delay = max(0.0, delay)
+        self._last: dict[str, float] = {}  # host -> monotonic time of its last fetch
         self.timeout = timeout
         self.max_bytes = max_bytes
         self.max_depth = max_depth
@@ -131,6 +137,7 @@ class SitemapReader:
         """The body of ``url``, gunzipped when compressed, at most ``max_bytes``."""
         if self.check_url is not None and (reason := self.check_url(url)):
             raise SitemapError(f"{url}: refused: {reason}")
+        self._wait_turn(urlsplit(url).netloc.lower())
         request = urllib.request.Request(url, headers={
             "User-Agent": self.user_agent, "Accept-Encoding": "gzip",
         })
@@ -165,6 +172,12 @@ class SitemapReader:
                 break
             data = self._gunzip(url, data)
         return data
+
+    def _wait_turn(self, host: str) -> None:
+        last = self._last.get(host)
+        if last is not None and self.delay:
+            time.sleep(max(0.0, last + self.delay - time.monotonic()))
+        self._last[host] = time.monotonic()
 
     def _gunzip(self, url: str, data: bytes) -> bytes:
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)

@@ -41,7 +41,7 @@ from webfarm.commands._common import (
 )
 from webfarm.config import mask_credentials
 from webfarm.frontier import MAX_PUSH, Entry, Frontier
-from webfarm.queue import request_entry
+from webfarm.queue import host_delay, request_entry
 from webfarm.serialize import SerializationError
 from webfarm.sitemaps import MAX_URLS, SitemapError, SitemapReader, is_http_url, start_url
 from webfarm.urls import host_of, unfetchable, within_domains
@@ -183,6 +183,7 @@ class Command(ScrapyCommand):
             timeout=crawler.settings.getfloat("DOWNLOAD_TIMEOUT", 30.0),
             max_urls=max_urls,
             check_url=lambda url: asyncio.run(guard.check_url(url)),
+            delay=host_delay(crawler.settings),  # polite as a worker, between documents
         )
 
 
