@@ -294,8 +294,6 @@ def make_entries(urls: Iterable[str], priority: int, fingerprinter: Any,
     met: set[int] = set()
     batch: list[Entry] = []
     for url in urls:
-        if within is not None and not within(url):
-            counts["outside"] += 1
         try:
             entry = request_entry(Request(url, priority=priority), None, fingerprinter)
         except (ValueError, SerializationError) as exc:
@@ -305,6 +303,8 @@ def make_entries(urls: Iterable[str], priority: int, fingerprinter: Any,
             counts["repeated"] += 1
             continue
         met.add(key)
+        if within is not None and not within(url):  # once a request: "15 outside" of 13
+            counts["outside"] += 1
         batch.append(entry)
         if len(batch) == MAX_PUSH:
             yield batch
