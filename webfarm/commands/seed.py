@@ -135,7 +135,7 @@ class Command(ScrapyCommand):
                 mapped += result.urls
                 documents += len(result.sitemaps)
                 skipped += result.skipped
-            sitemap_note = f", {documents} sitemap documents read"
+            sitemap_note = f", {documents} sitemap document{'' if documents == 1 else 's'} read"
             if skipped:
                 sitemap_note += f", {skipped} locations skipped (not http(s), or unfetchable)"
         fingerprinter = build_from_crawler(
@@ -246,7 +246,9 @@ class UrlFile:
                 self._spool = tempfile.TemporaryFile("w+", encoding="utf-8")  # noqa: SIM115
                 self._check(sys.stdin, self._spool)
             else:
-                with open(path, encoding="utf-8") as lines:
+                # utf-8-sig: a file saved by Excel or Notepad starts with a BOM, and its
+                # first URL was "not an http(s) URL"
+                with open(path, encoding="utf-8-sig") as lines:
                     self._check(lines, None)
         except OSError as exc:
             raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from None
@@ -268,7 +270,7 @@ class UrlFile:
             self._spool.seek(0)
             lines: Iterable[str] = self._spool
         else:
-            lines = open(self.path, encoding="utf-8")  # noqa: SIM115 - closed below
+            lines = open(self.path, encoding="utf-8-sig")  # noqa: SIM115 - closed below
         try:
             for line in lines:
                 text = line.strip()
