@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import subprocess
 import threading
 import time
 from urllib.parse import urlsplit
@@ -246,6 +248,32 @@ def test_a_stopping_worker_says_what_it_still_stores_and_stores_it(shop, stores,
     # nothing fetched was thrown away: every page asked for before the exit is stored
     fetched = {canonical_url(f"http://{h.netloc}{h.path}") for h in page_hits(shop, base)}
     assert fetched and fetched <= {canonical_url(u) for u in stored(stores)}
+
+
+def test_a_term_to_the_whole_process_group_stops_the_worker_as_one(shop, stores, tmp_path):
+    """systemd stops scrapyd with a TERM to every process of its group: the storage and
+    hashing helpers died at once, and the stopping worker said so and started new ones."""
+    base = shop.base_urls[0]
+    env = runner.env_for(**stores, WEBFARM_HOST_DELAY="0")
+    log = tmp_path / "a.log"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen(
+            runner.SCRAPY + ["crawl", "generic", "-a", f"start={base}/", "-s",
+                             'ITEM_PIPELINES={"tests.holding.SlowItems": 50}', "-s",
+                             "TEST_ITEM_SECONDS=2"],
+            cwd=runner.ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_until(lambda: len(page_hits(shop, base)) >= 4, 60, "four pages fetched")
+        os.killpg(worker.pid, signal.SIGTERM)
+        assert worker.wait(60) == 0, log.read_text()[-3000:]
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "died; starting a new one" not in text, text[-3000:]
+    fetched = {canonical_url(f"http://{h.netloc}{h.path}") for h in page_hits(shop, base)}
+    assert fetched <= {canonical_url(u) for u in stored(stores)}
 
 
 @pytest.mark.parametrize("limit", [1, 2])

@@ -360,9 +360,12 @@ def _batch_scheduling() -> None:
 def main() -> None:
     """The helper (``THREADS [ROLE] [--sched-batch]``, the role only for ps): calls in on
     stdin, ``(call_id, ok, result)`` out on stdout."""
-    # Ctrl-C reaches the whole process group: the crawler shuts down gracefully and still
-    # needs this helper for that; it ends when its input does.
+    # Ctrl-C reaches the whole process group, and so does a TERM to it (systemd's stop of
+    # scrapyd, KillMode=control-group): the crawler shuts down gracefully and still needs
+    # this helper for that, which it took for dead and started again. It ends when its
+    # input does (or is killed by the crawler).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if BATCH_FLAG in sys.argv[3:]:
         _batch_scheduling()
     threads = int(sys.argv[1]) if len(sys.argv) > 1 else 16
