@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,8 @@ from webfarm.exceptions import ItemError
 from webfarm.index import IndexStore, PageRecord, RefetchPolicy, load_refetch_policy
 from webfarm.items import PageItem
 from webfarm.threads import StorageCalls, storage_calls
+
+logger = logging.getLogger(__name__)
 
 
 class IndexPipeline:
@@ -69,6 +72,13 @@ class IndexPipeline:
         assert crawler.stats is not None
         pipeline = cls(store, crawler.stats, storage_calls(crawler),
                        **batch_options(settings), idle=engine_idle(crawler))
+        # Where this worker stores, said once at start as the frontier's place is: a fleet
+        # job given setting=MONGO_DATABASE=crawl and an operator reading 'webfarm' saw
+        # 0 pages, and no log line told them apart (Scrapy's "Overridden settings" omit it).
+        loc = config.locations(settings)
+        logger.info("Storing pages in %s database %r, raw bodies in %s",
+                    config.safe_url(loc.mongo_uri), loc.mongo_database,
+                    config.safe_url(loc.blob_uri))
         recheck_on_responses(crawler, pipeline.batcher)
         return pipeline
 

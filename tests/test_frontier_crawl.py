@@ -242,6 +242,9 @@ def test_a_stopping_worker_says_what_it_still_stores_and_stores_it(shop, stores,
     worker.send_signal(signal.SIGINT)
     assert worker.wait(60) == 0, log.read_text()[-3000:]
     text = log.read_text()
+    # where it stores, said at start (a fleet's job given another MONGO_DATABASE)
+    assert (f"Storing pages in {stores['MONGO_URI']} database {stores['MONGO_DATABASE']!r}, "
+            f"raw bodies in {stores['BLOB_STORE_URI']}") in text
     said = re.search(r"Stopping: (\d+) fetched page\(s\) still to parse and store before "
                      r"this worker exits \(\d+ done since the stop\)\. Ctrl-C again", text)
     assert said and int(said.group(1)) >= 1, text[-3000:]

@@ -332,6 +332,18 @@ def test_status_into_a_pipe_that_closes_and_the_report_s_help(data_dir: Path) ->
     assert bad.returncode == 2 and "unrecognized arguments: --jsno" in bad.stderr
 
 
+def test_the_report_says_when_the_index_is_empty_beside_stored_bodies() -> None:
+    """An operator reading database 'webfarm' while the fleet wrote 'crawl' saw 0 pages
+    beside 300 blobs, and nothing said why."""
+    from webfarm.report import render
+
+    summary = {"pages": 0, "contents": 0, "duplicates": 0, "blobs": 300, "per_host": {},
+               "where": {"index": "mongodb://db:27017 database 'webfarm'"}}
+    assert "note: no page in this database, though the blob store holds 300 bodies" in \
+        render(summary)
+    assert "note:" not in render({**summary, "blobs": 0})
+
+
 def test_command_errors(data_dir: Path) -> None:
     done = scrapy("restart", data_dir=data_dir)
     assert done.returncode == 2 and "up|down|status" in done.stderr  # Scrapy's UsageError

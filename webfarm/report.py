@@ -46,6 +46,14 @@ def render(summary: dict[str, Any]) -> str:
     ]
     lines += [f"  {host:<28} {n}" for host, n in summary["per_host"].items()] or ["  (none)"]
     lines += ["where:"] + [f"  {k:<9} {v}" for k, v in summary["where"].items()]
+    if not summary["pages"] and summary["blobs"]:
+        # A fleet's jobs given setting=MONGO_DATABASE=crawl, read here on 'webfarm': 0 pages
+        # beside 300 blobs, and no word of why.
+        lines.append(f"note: no page in this database, though the blob store holds "
+                     f"{summary['blobs']} bodies: the crawl may have written another one "
+                     "(MONGO_DATABASE, as its workers were given it: -s, a scrapyd job's "
+                     "setting=, the environment); set it here the same way, e.g. "
+                     "MONGO_DATABASE=crawl python -m webfarm.report")
     return "\n".join(lines)
 
 
