@@ -351,3 +351,9 @@ def test_embedded_services_inside_scrapyd(machines, web, tmp_path):
     lines = [x for x in b.job_log(bad).splitlines() if "webfarm: REDIS_URL" in x]
     assert len(lines) == 1 and "cannot reach redis://127.0.0.1:1/0" in lines[0], lines
     assert b.jobs()[bad]["state"] == "finished"
+    # Still listed after a restart of scrapyd, beside its log (deploy/scrapyd.conf's
+    # jobstorage; scrapyd's default forgot every finished job)
+    b.stop()
+    b.start()
+    b.wait_up()
+    assert b.jobs()[bad]["state"] == "finished"
