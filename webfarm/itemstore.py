@@ -298,9 +298,6 @@ class RunOrder:
 _MS = dt.timedelta(milliseconds=1)  # BSON dates keep milliseconds
 
 
-_MS = dt.timedelta(milliseconds=1)  # BSON dates keep milliseconds
-
-
 def _same_ms(stored: Any, at: dt.datetime) -> bool:
     """``stored`` (a BSON date: milliseconds, UTC) is ``at``."""
     if not isinstance(stored, dt.datetime):

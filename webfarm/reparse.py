@@ -206,8 +206,9 @@ class Reparser:
             shard: tuple[int, int] | None = None) -> ReparseStats:
         """Re-parse the matching pages; the stats so far are ``self.stats`` if it raises."""
         stats = self.stats = ReparseStats()
-        # Of the items this run writes, one a page fetched later gave is kept (a product's
-        # stale second URL read after the newer one); those stored before it are replaced.
+        # Of two pages giving one key, the item of the page fetched last is kept, whichever
+        # this run reads first (a product's stale second URL read after the newer one);
+        # the rule for items stored before the run: webfarm.itemstore._superseded.
         query = page_query(self.spider.name, since, url_pattern, shard)
         self._order = RunOrder(dt.datetime.now(dt.timezone.utc),
                                functools.partial(self._read_too, query))
