@@ -34,6 +34,7 @@ from typing import Any
 from scrapy import Request
 from scrapy.crawler import Crawler
 from scrapy.http import Response
+from scrapy.spidermiddlewares.httperror import HttpError, HttpErrorMiddleware
 
 from webfarm import serialize
 from webfarm.exceptions import ItemError
@@ -96,28 +97,6 @@ def stored_kwargs(response: Response) -> str | None:
         return None
 
 
-def reached_callback(response: Response, spider: Any, settings: Any) -> bool:
-    """Whether Scrapy's ``HttpErrorMiddleware`` let ``response`` through to its callback
-    (its own rule, from its meta keys, the spider's ``handle_httpstatus_list`` and the
-    ``HTTPERROR_*`` settings). One it refused went to the request's errback, whose output
-    comes here as well: a 404 an errback handled was stored as a page of the callback,
-    and ``scrapy reparse`` ran the callback on it (a ``KeyError`` traceback, exit 1)."""
-    status = response.status
-    if 200 <= status < 300:
-        return True
-    meta = response.meta
-    if meta.get("handle_httpstatus_all", False):
-        return True
-    if "handle_httpstatus_list" in meta:
-        return status in meta["handle_httpstatus_list"]
-    if settings.getbool("HTTPERROR_ALLOW_ALL"):
-        return True
-    allowed = getattr(spider, "handle_httpstatus_list", None)
-    if allowed is None:
-        allowed = [int(c) for c in settings.getlist("HTTPERROR_ALLOWED_CODES")]
-    return status in allowed
-
-
 class ItemSourceMiddleware:
     """Spider middleware; see the module docstring."""
 
@@ -127,6 +106,10 @@ class ItemSourceMiddleware:
         self.stats = crawler.stats
         self._said_large: set[str] = set()  # callbacks whose too large cb_kwargs were logged
         self._said_keyless: set[str] = set()  # collections whose collapsed items were said
+        # Scrapy's own rule of which statuses reach a callback: one it refuses went to the
+        # request's errback, whose output comes here as well. A 404 an errback handled was
+        # stored as a page of the callback, and ``scrapy reparse`` ran the callback on it.
+        self._http_errors = HttpErrorMiddleware.from_crawler(crawler)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ItemSourceMiddleware:
@@ -142,8 +125,7 @@ class ItemSourceMiddleware:
             if getattr(spider, "tags_item_sources", False):  # a WebfarmSpider
                 limited = bool(getattr(spider, "max_pages", 0))
                 name = callback_name(spider, response)
-                if name is not None and not reached_callback(response, spider,
-                                                             self.crawler.settings):
+                if name is not None and not self._reached_callback(response):
                     # The errback's output (an error status): no page of the callback.
                     source = ItemSource(response.url)
                     self.stats.inc_value("webfarm/items/errback_pages_not_stored")
@@ -184,6 +166,13 @@ class ItemSourceMiddleware:
         for collection, n in keyless.items():
             if n > 1:
                 self._collapsed(collection, n, response)
+
+    def _reached_callback(self, response: Response) -> bool:
+        try:
+            self._http_errors.process_spider_input(response)
+        except HttpError:
+            return False
+        return True
 
     def _count_keyless(self, item: Any, keyless: dict[str, int]) -> None:
         spider = self.crawler.spider

@@ -97,10 +97,7 @@ class LeaseEnds:
         if isinstance(exc, DeadLetter):
             self._dead(lease, request, exc.reason, exc.status, exc.error)
         elif isinstance(exc, RetryLater) and not exc.spend:  # never sent: no attempt spent
-            self._inc("webfarm/frontier/waited")
-            assert self.frontier is not None
-            self.link.op("retry", self.frontier._retry_args(lease, exc.delay or 0.0,
-                                                            exc.reason, spend=False))
+            self._again(lease, exc.delay or 0.0, exc.reason, "webfarm/frontier/waited")
         elif isinstance(exc, RetryLater):
             self._retry(lease, request, exc.reason, exc.delay, exc.status, exc.error,
                         retry_reason(exc))
@@ -121,11 +118,8 @@ class LeaseEnds:
             # A store down past WEBFARM_STORAGE_RETRY_SECONDS: the page is fine, so no
             # attempt is spent (an S3 outage of 25 minutes dead-lettered every page the
             # worker fetched meanwhile, their retries spent on the store's failures).
-            self._inc("webfarm/frontier/storage_retried")
-            assert self.frontier is not None
-            self.link.op("retry", self.frontier._retry_args(
-                lease, backoff(0, self.storage_wait, self.storage_wait), failed[1],
-                spend=False))
+            self._again(lease, backoff(0, self.storage_wait, self.storage_wait), failed[1],
+                        "webfarm/frontier/storage_retried")
         elif failed is not None:
             self._retry(lease, request, failed[1], None, None, None)
         else:
@@ -165,6 +159,13 @@ class LeaseEnds:
         self._dead(lease, request, reason, None, None, tried=False)
         self._inc("webfarm/frontier/dead_unfetched")
         return True
+
+    def _again(self, lease: str, delay: float, reason: str, stat: str) -> None:
+        """Back to the frontier in ``delay`` seconds, spending no attempt; counted in
+        ``stat``."""
+        self._inc(stat)
+        assert self.link is not None and self.frontier is not None
+        self.link.op("retry", self.frontier._retry_args(lease, delay, reason, spend=False))
 
     def _retry(self, lease: str, request: Request, reason: str, delay: float | None,
                status: int | None, error: str | None, scrapys: str | None = None) -> None:

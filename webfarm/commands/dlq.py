@@ -261,7 +261,7 @@ class Command(ScrapyCommand):
         matched = 0
         for chunk in letters.chunks():
             for _, _, letter in chunk:
-                if _matches(pattern, letter):
+                if pattern(letter):
                     matched += 1
                     if not limit or len(shown) < limit:
                         shown.append(letter_view(letter))
@@ -294,7 +294,7 @@ class Command(ScrapyCommand):
             picked: list[tuple[int, bytes]] = []
             entries: list[Entry] = []
             for index, raw, letter in chunk:
-                if not _matches(pattern, letter):
+                if not pattern(letter):
                     continue
                 entry = requeue_entry(letter)
                 if entry is None:
@@ -319,7 +319,7 @@ class Command(ScrapyCommand):
             walk = letters.chunks()
             chunk = next(walk, None)
             while chunk is not None:
-                picked = [(i, raw) for i, raw, letter in chunk if _matches(pattern, letter)]
+                picked = [(i, raw) for i, raw, letter in chunk if pattern(letter)]
                 removed = letters.remove(picked)
                 purged += removed
                 chunk = _send(walk, removed)
@@ -362,6 +362,3 @@ class _Filter:
             return False
         return self.url is None or bool(self.url.search(letter_view(letter)["url"] or ""))
 
-
-def _matches(pattern: _Filter, letter: dict[str, Any]) -> bool:
-    return pattern(letter)
